@@ -1,0 +1,1 @@
+"""Frozen domain types shared by every layer. Uses nothing else of ours."""

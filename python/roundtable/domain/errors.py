@@ -1,0 +1,131 @@
+"""One error family for the whole project.
+
+Each error says what went wrong in words an operator understands, and whether trying
+again may help. The edge maps each class to one gRPC status code (api/errors.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+class RoundtableError(Exception):
+    """Base of every error Roundtable raises on purpose."""
+
+    message: ClassVar[str] = "roundtable error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, detail: str = "") -> None:
+        self.detail = detail
+        super().__init__(f"{self.message}: {detail}" if detail else self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One bad field of a request: its path (`snapshot.members[2].member_id`) and why."""
+
+    field: str
+    description: str
+
+
+class InvalidRequest(RoundtableError):
+    """The request is malformed; `violations` names every bad field."""
+
+    message = "invalid request"
+
+    def __init__(self, violations: list[FieldViolation]) -> None:
+        self.violations = tuple(violations)
+        super().__init__(f"{len(violations)} bad field(s): " + ", ".join(v.field for v in violations))
+
+
+class RunAlreadyExists(RoundtableError):
+    """The run id is known with a different snapshot."""
+
+    message = "run_id already used with a different snapshot"
+
+
+class RunNotFound(RoundtableError):
+    """No such run for this tenant."""
+
+    message = "run not found"
+
+
+class ThreadBusy(RoundtableError):
+    """The thread has a live run and the busy-thread policy is REJECT."""
+
+    message = "thread has a live run"
+    retryable = True
+
+
+class StreamGap(RoundtableError):
+    """Events the caller asked for are no longer available."""
+
+    message = "events after after_seq are not available"
+
+
+class TooManyRuns(RoundtableError):
+    """The server is at its limit of concurrent runs."""
+
+    message = "too many concurrent runs"
+    retryable = True
+
+
+class Draining(RoundtableError):
+    """The server is shutting down and takes no new runs."""
+
+    message = "server is draining"
+    retryable = True
+
+
+class ModelError(RoundtableError):
+    """A model call failed. `code` is the stable code put on speaker_failed events."""
+
+    message = "model call failed"
+    code: ClassVar[str] = "MODEL_ERROR"
+
+
+class ModelTimeout(ModelError):
+    """The model did not answer within its per-attempt timeout."""
+
+    message = "model call timed out"
+    code = "MODEL_TIMEOUT"
+    retryable = True
+
+
+class ModelUnavailable(ModelError):
+    """The model server failed (5xx) or could not be reached."""
+
+    message = "model server unavailable"
+    code = "MODEL_UNAVAILABLE"
+    retryable = True
+
+
+class ModelRateLimited(ModelError):
+    """The model server said 429."""
+
+    message = "model rate limited"
+    code = "MODEL_RATE_LIMITED"
+    retryable = True
+
+
+class ModelRejected(ModelError):
+    """The model server rejected the request (4xx other than 429); retrying cannot help."""
+
+    message = "model rejected the request"
+    code = "MODEL_REJECTED"
+
+
+class CircuitOpen(ModelError):
+    """The target's circuit breaker is open and no fallback could be tried."""
+
+    message = "circuit breaker open"
+    code = "CIRCUIT_OPEN"
+    retryable = True
+
+
+class InvalidModelOutput(ModelError):
+    """The model answered, but not in the required shape."""
+
+    message = "model output failed validation"
+    code = "INVALID_OUTPUT"

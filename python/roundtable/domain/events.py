@@ -1,0 +1,181 @@
+"""Domain events: what nodes write to the event sink.
+
+The server numbers them (`seq`), commits all but deltas to the event log, converts them
+to protobuf at the edge and streams them. Nothing here carries secrets or prompt text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, Route
+
+
+class FinishReason(StrEnum):
+    """Why a reply ended."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    REPLACED = "replaced"
+
+
+class MemoryAction(StrEnum):
+    """What a memory proposal wants done."""
+
+    CREATE = "create"
+    UPDATE = "update"
+    FORGET = "forget"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    """Token counts as reported (or estimated) by a provider."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted:
+    """The run began or resumed."""
+
+    route: Route
+    resumed: bool
+    thread_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanCreated:
+    """The speakers of one round."""
+
+    directive: DirectiveKind
+    source: PlanSource
+    steps: tuple[PlanStep, ...]
+    round: int
+    fallback_reason: str = ""
+    continued_run_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeakerStarted:
+    """A speaker began an attempt."""
+
+    step: int
+    member_id: str
+    reply_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssistantDelta:
+    """A chunk of a reply being written (live only)."""
+
+    reply_id: str
+    text: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssistantFinal:
+    """A finished reply."""
+
+    reply_id: str
+    member_id: str
+    step: int
+    content: str
+    model: str
+    usage: TokenUsage
+    finish_reason: FinishReason
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeakerFailed:
+    """A speaker gave up after its retries; the plan goes on."""
+
+    reply_id: str
+    member_id: str
+    step: int
+    code: str
+    message: str
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryProposal:
+    """A memory Roundtable suggests; the gateway decides."""
+
+    proposal_id: str
+    member_id: str
+    action: MemoryAction
+    content: str
+    importance: float
+    evidence_reply_ids: tuple[str, ...]
+    target_memory_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryProposed:
+    """The memory proposals of a turn."""
+
+    proposals: tuple[MemoryProposal, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplySummary:
+    """One finished reply of a run."""
+
+    reply_id: str
+    member_id: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCancelled:
+    """The run stopped before its plan was done."""
+
+    reason: str
+    finished_reply_ids: tuple[str, ...]
+    steps_left: tuple[PlanStep, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCompleted:
+    """The run finished its plan."""
+
+    replies: tuple[ReplySummary, ...]
+    usage: TokenUsage
+    converged: bool
+    rounds: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFailed:
+    """The run could not go on."""
+
+    code: str
+    message: str
+    retryable: bool
+
+
+Event = (
+    RunStarted
+    | PlanCreated
+    | SpeakerStarted
+    | AssistantDelta
+    | AssistantFinal
+    | SpeakerFailed
+    | MemoryProposed
+    | RunCancelled
+    | RunCompleted
+    | RunFailed
+)
+"""Every event a run can emit (permission_required is reserved and never emitted)."""
+
+TERMINAL_EVENTS = (RunCancelled, RunCompleted, RunFailed)

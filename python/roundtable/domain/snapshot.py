@@ -1,0 +1,206 @@
+"""The immutable input of one run: who, what and how, as frozen dataclasses.
+
+These mirror the contract's messages but never carry protobuf classes: the edge
+(`roundtable.api.convert`) builds them once per request, and the graph reads them
+through the runtime context without copying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class SessionKind(StrEnum):
+    """How a turn is routed."""
+
+    SINGLE = "single"
+    GROUP = "group"
+
+
+class MessageRole(StrEnum):
+    """Who wrote a history message."""
+
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class DisconnectPolicy(StrEnum):
+    """What a run does when its StartRun stream drops."""
+
+    CONTINUE = "continue"
+    CANCEL = "cancel"
+
+
+class BusyThreadPolicy(StrEnum):
+    """What a StartRun does when its thread already has a live run."""
+
+    REJECT = "reject"
+    INTERRUPT = "interrupt"
+    ENQUEUE = "enqueue"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunContext:
+    """Ids and correlation fields of one run, chosen by the gateway."""
+
+    run_id: str
+    thread_id: str
+    request_id: str
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelTarget:
+    """One concrete model at one provider."""
+
+    provider: str
+    model: str
+    base_url: str = ""
+    credential_ref: str = ""
+
+    @property
+    def name(self) -> str:
+        """The target's circuit-breaker and audit name, `llm:<provider>:<model>`."""
+        return f"llm:{self.provider}:{self.model}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRef:
+    """A model with its failover chain and call parameters."""
+
+    target: ModelTarget
+    fallbacks: tuple[ModelTarget, ...] = ()
+    temperature: float | None = None
+    timeout_s: float | None = None
+    """Per-attempt timeout in seconds; None means the server default."""
+
+
+OFFLINE_MODEL = ModelRef(target=ModelTarget(provider="offline", model="roundtable-offline"))
+"""The built-in model used when a snapshot names none."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budgets:
+    """Limits on one turn (already merged with the server defaults)."""
+
+    max_speakers: int = 8
+    max_rounds: int = 2
+    max_output_tokens: int = 512
+    run_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Skill:
+    """A capability compiled into a member's prompt."""
+
+    skill_id: str
+    name: str
+    instructions: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Memory:
+    """One thing a member remembers (owned by the gateway)."""
+
+    memory_id: str
+    content: str
+    importance: float = 0.0
+    updated_at: float = 0.0
+    """Seconds since the epoch; 0 when unknown."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Member:
+    """An agent persona that can speak."""
+
+    member_id: str
+    display_name: str
+    aliases: tuple[str, ...] = ()
+    persona: str = ""
+    style_rules: tuple[str, ...] = ()
+    model: ModelRef | None = None
+    skills: tuple[Skill, ...] = ()
+    memories: tuple[Memory, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryMessage:
+    """One earlier message of the conversation."""
+
+    role: MessageRole
+    content: str
+    member_id: str = ""
+    message_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserTurn:
+    """The new user message the run answers."""
+
+    text: str
+    mentions: tuple[str, ...] = ()
+    mention_all: bool = False
+    message_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Session:
+    """The chat the turn belongs to."""
+
+    kind: SessionKind
+    primary_member_id: str
+    default_model: ModelRef = OFFLINE_MODEL
+    budgets: Budgets = field(default_factory=Budgets)
+    session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """Everything a run may know about the conversation.
+
+    `history` holds only the most recent messages a prompt can use (the edge cuts it);
+    `history_total` says how many the gateway sent.
+    """
+
+    session: Session
+    members: tuple[Member, ...]
+    history: tuple[HistoryMessage, ...]
+    user_turn: UserTurn
+    history_total: int = 0
+
+    def member(self, member_id: str) -> Member:
+        """Returns the member with this id; raises KeyError when there is none."""
+        for member in self.members:
+            if member.member_id == member_id:
+                return member
+        raise KeyError(member_id)
+
+    def model_for(self, member: Member) -> ModelRef:
+        """The member's own model, else the session's default."""
+        return member.model or self.session.default_model
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """How one run streams and behaves (defaults applied)."""
+
+    stream_deltas: bool = True
+    delta_window_s: float = 0.02
+    delta_max_bytes: int = 1024
+    disconnect_policy: DisconnectPolicy = DisconnectPolicy.CONTINUE
+    busy_thread_policy: BusyThreadPolicy = BusyThreadPolicy.REJECT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRequest:
+    """A validated StartRun without its credentials.
+
+    Credentials travel beside it, never inside: this object may be logged or kept.
+    """
+
+    context: RunContext
+    snapshot: Snapshot
+    options: RunOptions
+    fingerprint: str
+    """Hash of the snapshot as sent; the same run_id must always come with the same one."""

@@ -1,0 +1,83 @@
+"""The one small interface every provider implements.
+
+A provider turns a `ModelTarget` (+ its API key, if any) into a LangChain chat model and
+maps the provider's own exceptions onto `roundtable.domain.errors.ModelError`. It knows
+nothing of retries, breakers or the graph: the harness wraps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from langchain_core.language_models import BaseChatModel
+from pydantic import BaseModel
+
+from roundtable.domain.events import TokenUsage
+from roundtable.domain.snapshot import ModelTarget
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One prompt message."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+TextSink = Callable[[str], None]
+"""Receives streamed text chunks as the model produces them."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatCall:
+    """What to ask a model, independent of which model answers."""
+
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int = 512
+    temperature: float | None = None
+    schema: type[BaseModel] | None = None
+    """When set, the answer is structured output validated against this pydantic model."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatResult:
+    """A model's complete answer."""
+
+    text: str = ""
+    parsed: BaseModel | None = None
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    finish_reason: str = "stop"
+    model: str = ""
+    """`provider/model` of the target that answered (after failover)."""
+
+
+class ChatProvider(Protocol):
+    """Runs one attempt of a call against one target."""
+
+    name: str
+
+    async def complete(
+        self,
+        target: ModelTarget,
+        call: ChatCall,
+        *,
+        api_key: str | None,
+        on_text: TextSink | None,
+    ) -> ChatResult:
+        """Calls the model once. Streams text to `on_text` when given and no schema is set.
+
+        Raises:
+            ModelError: a subclass saying what failed (timeout, 429, 5xx, 4xx, bad output).
+        """
+        ...
+
+
+ModelFactory = Callable[[ModelTarget, str | None], BaseChatModel]
+"""Builds a LangChain chat model for a target and its API key."""
+
+ProviderRegistry = Mapping[str, ChatProvider]
+"""Providers by name (`ModelTarget.provider`); the composition root builds it."""
+
+AsyncCall = Callable[[], Awaitable[ChatResult]]

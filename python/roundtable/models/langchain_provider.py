@@ -1,0 +1,141 @@
+"""Adapts any LangChain chat model to the `ChatProvider` interface."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
+
+from roundtable.domain.errors import InvalidModelOutput, ModelError
+from roundtable.domain.events import TokenUsage
+from roundtable.domain.snapshot import ModelTarget
+from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ModelFactory, TextSink
+
+ErrorMapper = Callable[[BaseException], ModelError | None]
+"""Maps a provider exception to our error family; None means "not a model error"."""
+
+_ROLE_TO_MESSAGE: dict[str, type[BaseMessage]] = {
+    "system": SystemMessage,
+    "user": HumanMessage,
+    "assistant": AIMessage,
+}
+
+
+def to_langchain(messages: tuple[ChatMessage, ...]) -> list[BaseMessage]:
+    """Converts our prompt messages to LangChain messages."""
+    return [_ROLE_TO_MESSAGE[m.role](content=m.content) for m in messages]
+
+
+def _usage(message: AIMessage | AIMessageChunk | None) -> TokenUsage:
+    meta = getattr(message, "usage_metadata", None) if message is not None else None
+    if not meta:
+        return TokenUsage()
+    return TokenUsage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
+
+
+class LangChainProvider:
+    """A `ChatProvider` over LangChain chat models built by a factory.
+
+    Models are cached per (target, key) because building one (an HTTP client for the
+    OpenAI-compatible provider) costs far more than a call's own overhead. The cache lives
+    in process memory only, like the keys themselves.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        factory: ModelFactory,
+        *,
+        map_error: ErrorMapper | None = None,
+        structured_method: str = "function_calling",
+        cache_size: int = 128,
+    ) -> None:
+        self.name = name
+        self._factory = factory
+        self._map_error = map_error or (lambda _exc: None)
+        self._structured_method = structured_method
+        self._cache: OrderedDict[tuple[ModelTarget, str | None], BaseChatModel] = OrderedDict()
+        self._cache_size = cache_size
+
+    def model_for(self, target: ModelTarget, api_key: str | None) -> BaseChatModel:
+        """Returns the (cached) chat model for a target and key."""
+        key = (target, api_key)
+        model = self._cache.get(key)
+        if model is None:
+            model = self._factory(target, api_key)
+            self._cache[key] = model
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return model
+
+    async def complete(
+        self,
+        target: ModelTarget,
+        call: ChatCall,
+        *,
+        api_key: str | None,
+        on_text: TextSink | None,
+    ) -> ChatResult:
+        """Calls the model once; see `ChatProvider.complete`."""
+        model = self.model_for(target, api_key)
+        messages = to_langchain(call.messages)
+        kwargs: dict[str, Any] = {"max_tokens": call.max_tokens}
+        if call.temperature is not None:
+            kwargs["temperature"] = call.temperature
+        name = f"{target.provider}/{target.model}"
+        try:
+            if call.schema is not None:
+                return await self._structured(model, messages, call, name)
+            return await self._stream(model, messages, kwargs, on_text, name)
+        except ModelError:
+            raise
+        except Exception as exc:
+            mapped = self._map_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
+
+    async def _stream(
+        self,
+        model: BaseChatModel,
+        messages: list[BaseMessage],
+        kwargs: dict[str, Any],
+        on_text: TextSink | None,
+        name: str,
+    ) -> ChatResult:
+        parts: list[str] = []
+        usage = TokenUsage()
+        finish_reason = "stop"
+        async for chunk in model.astream(messages, **kwargs):
+            text = chunk.text if isinstance(chunk.content, str) else str(chunk.text)
+            if text:
+                parts.append(text)
+                if on_text is not None:
+                    on_text(text)
+            usage = usage + _usage(chunk)
+            reason = chunk.response_metadata.get("finish_reason")
+            if reason:
+                finish_reason = str(reason)
+        return ChatResult(text="".join(parts), usage=usage, finish_reason=finish_reason, model=name)
+
+    async def _structured(
+        self, model: BaseChatModel, messages: list[BaseMessage], call: ChatCall, name: str
+    ) -> ChatResult:
+        assert call.schema is not None
+        runnable = model.with_structured_output(
+            call.schema, method=self._structured_method, include_raw=True
+        )
+        out = await runnable.ainvoke(messages)
+        assert isinstance(out, dict)
+        parsed = out.get("parsed")
+        raw = out.get("raw")
+        if parsed is None or out.get("parsing_error") is not None:
+            # The reason names the schema, never the model's text (it may echo the prompt).
+            raise InvalidModelOutput(f"answer did not match {call.schema.__name__}")
+        assert isinstance(parsed, call.schema)
+        return ChatResult(parsed=parsed, usage=_usage(raw), model=name)

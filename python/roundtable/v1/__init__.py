@@ -1,0 +1,1 @@
+"""Generated from proto/roundtable/v1 by `make generate`; never edit."""
