@@ -36,7 +36,10 @@ class InvalidRequest(RoundtableError):
 
     def __init__(self, violations: list[FieldViolation]) -> None:
         self.violations = tuple(violations)
-        super().__init__(f"{len(violations)} bad field(s): " + ", ".join(v.field for v in violations))
+        self.detail = ""
+        super().__init__(
+            f"{len(violations)} bad field(s): " + ", ".join(v.field for v in violations)
+        )
 
 
 class RunAlreadyExists(RoundtableError):

@@ -783,9 +783,12 @@ type PlanStep struct {
 	// Output tokens the speaker may use.
 	TokenBudget uint32 `protobuf:"varint,5,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
 	// The round the step belongs to, from 1.
-	Round         uint32 `protobuf:"varint,6,opt,name=round,proto3" json:"round,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Round uint32 `protobuf:"varint,6,opt,name=round,proto3" json:"round,omitempty"`
+	// For a count-off step, the number the speaker must say (from 1); 0 otherwise.
+	// The reply is checked to hold this number and no other.
+	CountOffNumber uint32 `protobuf:"varint,7,opt,name=count_off_number,json=countOffNumber,proto3" json:"count_off_number,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PlanStep) Reset() {
@@ -856,6 +859,13 @@ func (x *PlanStep) GetTokenBudget() uint32 {
 func (x *PlanStep) GetRound() uint32 {
 	if x != nil {
 		return x.Round
+	}
+	return 0
+}
+
+func (x *PlanStep) GetCountOffNumber() uint32 {
+	if x != nil {
+		return x.CountOffNumber
 	}
 	return 0
 }
@@ -1789,14 +1799,15 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\x0ffallback_reason\x18\x03 \x01(\tR\x0efallbackReason\x12-\n" +
 	"\x05steps\x18\x04 \x03(\v2\x17.roundtable.v1.PlanStepR\x05steps\x12\x14\n" +
 	"\x05round\x18\x05 \x01(\rR\x05round\x12(\n" +
-	"\x10continued_run_id\x18\x06 \x01(\tR\x0econtinuedRunId\"\xa5\x01\n" +
+	"\x10continued_run_id\x18\x06 \x01(\tR\x0econtinuedRunId\"\xcf\x01\n" +
 	"\bPlanStep\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x19\n" +
 	"\breply_id\x18\x03 \x01(\tR\areplyId\x12\x12\n" +
 	"\x04task\x18\x04 \x01(\tR\x04task\x12!\n" +
 	"\ftoken_budget\x18\x05 \x01(\rR\vtokenBudget\x12\x14\n" +
-	"\x05round\x18\x06 \x01(\rR\x05round\"v\n" +
+	"\x05round\x18\x06 \x01(\rR\x05round\x12(\n" +
+	"\x10count_off_number\x18\a \x01(\rR\x0ecountOffNumber\"v\n" +
 	"\x0eSpeakerStarted\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\rR\x04step\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x19\n" +

@@ -1,0 +1,68 @@
+"""One table from our error family to gRPC status codes, with google.rpc details."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from roundtable.domain.errors import (
+    Draining,
+    InvalidRequest,
+    RoundtableError,
+    RunAlreadyExists,
+    RunNotFound,
+    StreamGap,
+    ThreadBusy,
+    TooManyRuns,
+)
+
+STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    RunAlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    RunNotFound: grpc.StatusCode.NOT_FOUND,
+    ThreadBusy: grpc.StatusCode.FAILED_PRECONDITION,
+    StreamGap: grpc.StatusCode.FAILED_PRECONDITION,
+    TooManyRuns: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Draining: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_code_of(error: RoundtableError) -> grpc.StatusCode:
+    """The status code of an error (its nearest mapped class; INTERNAL otherwise)."""
+    for cls in type(error).__mro__:
+        code = STATUS_OF.get(cls)  # type: ignore[call-overload]
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def to_grpc_status(error: RoundtableError) -> grpc.Status:
+    """The full status: code, message, and details a client can act on."""
+    code = status_code_of(error)
+    details: list[any_pb2.Any] = []
+    if isinstance(error, InvalidRequest):
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
+                for v in error.violations
+            ]
+        )
+        details.append(_pack(bad))
+    if error.retryable and code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        details.append(
+            _pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))
+        )
+    status = status_pb2.Status(
+        code=getattr(code_pb2, code.name), message=str(error), details=details
+    )
+    return rpc_status.to_status(status)
+
+
+def _pack(message: object) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)  # type: ignore[arg-type]
+    return packed

@@ -1,0 +1,41 @@
+"""Documented request limits (the proto comments quote the defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestLimits:
+    """How large a StartRun may be. Units are counts unless the name says bytes."""
+
+    max_request_bytes: int = 16 * MIB
+    max_members: int = 32
+    max_history: int = 10_000
+    history_window: int = 64
+    """The most recent history messages Roundtable reads; older ones are only counted."""
+    max_message_bytes: int = 32 * KIB
+    max_persona_bytes: int = 16 * KIB
+    max_aliases: int = 16
+    max_alias_chars: int = 64
+    max_name_chars: int = 128
+    max_style_rules: int = 32
+    max_style_rule_bytes: int = 1 * KIB
+    max_skills: int = 32
+    max_skill_bytes: int = 8 * KIB
+    max_memories: int = 1_000
+    max_memory_bytes: int = 4 * KIB
+    max_mentions: int = 64
+    max_fallbacks: int = 4
+    max_model_timeout_ms: int = 600_000
+    max_credential_bytes: int = 4 * KIB
+    max_id_chars: int = 128
+    max_speakers: int = 64
+    max_rounds: int = 8
+    max_output_tokens: int = 32_768
+    max_run_timeout_s: int = 3_600
+    max_delta_window_ms: int = 1_000
+    max_delta_bytes: int = 64 * KIB

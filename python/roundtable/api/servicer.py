@@ -1,0 +1,154 @@
+"""The gRPC servicer: parse, validate, hand off, map errors. Nothing else happens here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Collection
+from typing import NoReturn
+
+import grpc
+
+from roundtable.api import convert
+from roundtable.api.errors import to_grpc_status
+from roundtable.api.limits import RequestLimits
+from roundtable.api.validation import validate_run_ids, validate_start_run
+from roundtable.domain.errors import InvalidRequest, RoundtableError
+from roundtable.domain.snapshot import Budgets, DisconnectPolicy
+from roundtable.runs.manager import RunManager
+from roundtable.runs.progress import Progress
+from roundtable.store.base import RunRecord, RunStatus
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+_STATUS = {
+    RunStatus.QUEUED: pb.RUN_STATUS_QUEUED,
+    RunStatus.RUNNING: pb.RUN_STATUS_RUNNING,
+    RunStatus.SUCCEEDED: pb.RUN_STATUS_SUCCEEDED,
+    RunStatus.CANCELLED: pb.RUN_STATUS_CANCELLED,
+    RunStatus.INTERRUPTED: pb.RUN_STATUS_INTERRUPTED,
+    RunStatus.FAILED: pb.RUN_STATUS_FAILED,
+    RunStatus.CONTINUED: pb.RUN_STATUS_CONTINUED,
+}
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: RoundtableError) -> NoReturn:
+    await context.abort_with_status(to_grpc_status(error))
+    raise AssertionError("abort_with_status returns only by raising")
+
+
+def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
+    """The contract's view of a run."""
+    return pb.Run(
+        run_id=record.run_id,
+        thread_id=record.thread_id,
+        tenant=record.tenant,
+        status=_STATUS[record.status],
+        plan=convert.plan_steps_to_proto(progress.steps),
+        finished_reply_ids=progress.finished_reply_ids,
+        last_seq=record.last_seq,
+        created_at=convert.timestamp(record.created_at),
+        updated_at=convert.timestamp(record.updated_at),
+    )
+
+
+class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
+    """Implements roundtable.v1.OrchestratorService over a RunManager."""
+
+    def __init__(
+        self,
+        manager: RunManager,
+        *,
+        limits: RequestLimits,
+        providers: Collection[str],
+        budgets: Budgets,
+    ) -> None:
+        self.manager = manager
+        self.limits = limits
+        self.providers = frozenset(providers)
+        self.budgets = budgets
+
+    async def StartRun(
+        self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StartRunResponse]:
+        """Validates the turn, then streams its events (see the proto for semantics)."""
+        violations = validate_start_run(request, limits=self.limits, providers=self.providers)
+        if violations:
+            await _abort(context, InvalidRequest(violations))
+        run_request = convert.run_request_from_proto(
+            request, limits=self.limits, defaults=self.budgets
+        )
+        try:
+            subscription = await self.manager.start(run_request, dict(request.credentials))
+        except RoundtableError as exc:
+            await _abort(context, exc)
+        tenant, run_id = run_request.context.tenant, run_request.context.run_id
+        try:
+            async for event in subscription:
+                yield pb.StartRunResponse(event=event)
+        finally:
+            if not subscription.reached_end:
+                self.manager.unsubscribe(tenant, run_id, subscription)
+                if run_request.options.disconnect_policy is DisconnectPolicy.CANCEL:
+                    await self.manager.cancel(
+                        tenant, run_id, immediate=False, reason="stream_dropped"
+                    )
+
+    async def StreamRun(
+        self, request: pb.StreamRunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StreamRunResponse]:
+        """Replays durable events after after_seq, then follows the live run."""
+        violations = validate_run_ids(request.run_id, request.tenant, self.limits)
+        if violations:
+            await _abort(context, InvalidRequest(violations))
+        try:
+            subscription = await self.manager.stream(
+                request.tenant, request.run_id, request.after_seq
+            )
+        except RoundtableError as exc:
+            await _abort(context, exc)
+        try:
+            async for event in subscription:
+                yield pb.StreamRunResponse(event=event)
+        finally:
+            if not subscription.reached_end:
+                self.manager.unsubscribe(request.tenant, request.run_id, subscription)
+
+    async def CancelRun(
+        self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelRunResponse:
+        """Asks a run to stop; says so when it had already ended."""
+        violations = validate_run_ids(request.run_id, request.tenant, self.limits)
+        if len(request.reason) > 256:
+            violations.append(InvalidRequest.violation("reason", "must be at most 256 characters"))
+        if violations:
+            await _abort(context, InvalidRequest(violations))
+        try:
+            result = await self.manager.cancel(
+                request.tenant,
+                request.run_id,
+                immediate=request.mode == pb.CANCEL_MODE_IMMEDIATE,
+                reason=request.reason or "cancel_requested",
+            )
+        except RoundtableError as exc:
+            await _abort(context, exc)
+        return pb.CancelRunResponse(
+            outcome=pb.CANCEL_OUTCOME_REQUESTED
+            if result.accepted
+            else pb.CANCEL_OUTCOME_ALREADY_ENDED,
+            run=run_to_proto(result.record, result.progress),
+        )
+
+    async def GetRun(
+        self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetRunResponse:
+        """The run's status, plan, finished replies and last seq."""
+        violations = validate_run_ids(request.run_id, request.tenant, self.limits)
+        if violations:
+            await _abort(context, InvalidRequest(violations))
+        try:
+            record, progress = await self.manager.describe(request.tenant, request.run_id)
+        except RoundtableError as exc:
+            await _abort(context, exc)
+        return pb.GetRunResponse(run=run_to_proto(record, progress))

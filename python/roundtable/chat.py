@@ -1,0 +1,144 @@
+"""`roundtable chat`: send one turn to a running sidecar and render the stream as a chat."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+import grpc
+from google.protobuf import json_format
+
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+
+DEMO_MEMBERS = (
+    ("lin", "Lin", ("林", "tea"), "A calm tea master who answers in gentle proverbs.", ("tea",)),
+    (
+        "bo",
+        "Bo",
+        ("波",),
+        "An impatient engineer who wants numbers and facts first.",
+        ("engineering",),
+    ),
+    ("mei", "Mei", ("梅",), "A cheerful storyteller who loves a good anecdote.", ("stories",)),
+    ("kai", "Kai", ("凯",), "A sceptic who always asks what could go wrong.", ("risk",)),
+)
+
+
+def demo_snapshot(text: str, *, kind: str = "group") -> spb.Snapshot:
+    """A four-member demo roster (distinct personas) around the user's text."""
+    snapshot = spb.Snapshot(
+        session=spb.Session(
+            session_id="demo",
+            kind=spb.SESSION_KIND_SINGLE if kind == "single" else spb.SESSION_KIND_GROUP,
+            primary_member_id="lin",
+        ),
+        user_turn=spb.UserTurn(text=text),
+    )
+    for member_id, name, aliases, persona, skills in DEMO_MEMBERS:
+        snapshot.members.add(
+            member_id=member_id,
+            display_name=name,
+            aliases=aliases,
+            persona=persona,
+            skills=[spb.Skill(skill_id=s, name=s) for s in skills],
+        )
+    return snapshot
+
+
+def render(event: epb.RunEvent, names: dict[str, str], out: TextIO) -> None:
+    """Prints one event as a line of chat."""
+    kind = event.WhichOneof("payload")
+    if kind == "run_started":
+        resumed = " (resumed)" if event.run_started.resumed else ""
+        out.write(f"── run started{resumed}\n")
+    elif kind == "plan_created":
+        p = event.plan_created
+        who = ", ".join(names.get(s.member_id, s.member_id) for s in p.steps) or "nobody"
+        source = epb.PlanSource.Name(p.source).removeprefix("PLAN_SOURCE_").lower()
+        why = f" ({p.fallback_reason})" if p.fallback_reason else ""
+        directive = epb.DirectiveKind.Name(p.directive).removeprefix("DIRECTIVE_KIND_").lower()
+        out.write(f"── plan [{directive}, {source}{why}]: {who}\n")
+    elif kind == "speaker_started":
+        s = event.speaker_started
+        retry = f" (attempt {s.attempt})" if s.attempt > 1 else ""
+        out.write(f"{names.get(s.member_id, s.member_id)}{retry}: ")
+    elif kind == "assistant_delta":
+        out.write(event.assistant_delta.text)
+    elif kind == "assistant_final":
+        f = event.assistant_final
+        note = " [replaced]" if f.finish_reason == epb.FINISH_REASON_REPLACED else ""
+        out.write(f"\n   ✓ {f.content}{note}\n")
+    elif kind == "speaker_failed":
+        f = event.speaker_failed
+        out.write(f"\n   ✗ {names.get(f.member_id, f.member_id)} failed: {f.code}\n")
+    elif kind == "memory_proposed":
+        for p in event.memory_proposed.proposals:
+            out.write(f"── memory for {names.get(p.member_id, p.member_id)}: {p.content}\n")
+    elif kind == "run_cancelled":
+        out.write(
+            f"── cancelled ({event.run_cancelled.reason}); {len(event.run_cancelled.steps_left)} step(s) left\n"
+        )
+    elif kind == "run_completed":
+        out.write(f"── done: {len(event.run_completed.replies)} reply(ies)\n")
+    elif kind == "run_failed":
+        out.write(f"── failed: {event.run_failed.code} {event.run_failed.message}\n")
+    out.flush()
+
+
+def run_chat(argv: Sequence[str]) -> int:
+    """Sends one turn and renders its stream; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="roundtable chat")
+    parser.add_argument("text", nargs="*", help="what the user says")
+    parser.add_argument("--target", default="127.0.0.1:50051", help="the sidecar's host:port")
+    parser.add_argument("--snapshot", help="a JSON Snapshot file instead of the demo roster")
+    parser.add_argument("--kind", choices=("group", "single"), default="group")
+    parser.add_argument("--thread", default="demo-thread", help="thread id")
+    parser.add_argument("--run-id", default="", help="run id (default: a new one)")
+    parser.add_argument("--tenant", default="demo")
+    args = parser.parse_args(list(argv))
+    text = " ".join(args.text)
+    if args.snapshot:
+        snapshot = json_format.Parse(Path(args.snapshot).read_text("utf-8"), spb.Snapshot())
+        if text:
+            snapshot.user_turn.text = text
+    else:
+        snapshot = demo_snapshot(text or "count off", kind=args.kind)
+    names = {m.member_id: m.display_name for m in snapshot.members}
+    run_id = args.run_id or f"chat-{uuid.uuid4().hex[:12]}"
+    request = pb.StartRunRequest(
+        context=spb.RunContext(
+            run_id=run_id, thread_id=args.thread, request_id=uuid.uuid4().hex, tenant=args.tenant
+        ),
+        snapshot=snapshot,
+    )
+    print(f"you: {snapshot.user_turn.text}")
+    return asyncio.run(send_turn(args.target, request, names, sys.stdout))
+
+
+async def send_turn(
+    target: str, request: pb.StartRunRequest, names: dict[str, str], out: TextIO
+) -> int:
+    """Streams one StartRun and renders it; returns the exit code."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        try:
+            async for response in stub.StartRun(request):
+                render(response.event, names, out)
+        except grpc.aio.AioRpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def snapshot_json(text: str) -> str:
+    """The demo snapshot as JSON, a starting point for `--snapshot` files."""
+    return json.dumps(json_format.MessageToDict(demo_snapshot(text)), indent=2, ensure_ascii=False)

@@ -1,0 +1,50 @@
+"""The `roundtable` command: serve, chat, graph."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args.pop(0) if args else "help"
+    if command == "serve":
+        from roundtable.server import serve
+        from roundtable.settings import load_settings
+
+        settings = load_settings(args)
+        _configure_logging(settings.log_level)
+        asyncio.run(serve(settings))
+        return 0
+    if command == "chat":
+        from roundtable.chat import run_chat
+
+        return run_chat(args)
+    if command == "graph":
+        from roundtable.graph.builder import build_conversation_graph
+
+        print(build_conversation_graph().get_graph().draw_mermaid())
+        return 0
+    print(
+        "usage: roundtable serve [--listen HOST:PORT] [--store URL] [...]  (roundtable serve --help)\n"
+        "       roundtable chat [--target HOST:PORT] [--snapshot FILE] [--kind group|single] TEXT\n"
+        "       roundtable graph   (prints the conversation graph as Mermaid)",
+        file=sys.stderr if command != "help" else sys.stdout,
+    )
+    return 0 if command in {"help", "-h", "--help"} else 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

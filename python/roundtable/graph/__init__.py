@@ -1,0 +1,1 @@
+"""The conversation graph: nodes, the member pipeline, directives, prompts."""

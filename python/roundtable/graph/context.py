@@ -1,0 +1,101 @@
+"""The runtime context: everything live a node needs, never checkpointed.
+
+LangGraph passes it to nodes as `runtime.context` and does not write it to checkpoints
+(unlike `config["configurable"]`), so credentials, the harness and the event sink live
+here. The snapshot lives here too: it is immutable and re-sent by the gateway on every
+resume (the run's fingerprint proves it is the same), so checkpoints stay as small as
+the run's results instead of growing with the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from roundtable.domain.events import Event
+from roundtable.domain.plan import PlanStep
+from roundtable.domain.snapshot import RunRequest
+from roundtable.graph.directives import Directive
+from roundtable.harness.chain import Harness
+
+
+class EventSink(Protocol):
+    """Where nodes write events. The runs layer numbers, stores and streams them."""
+
+    async def emit(self, event: Event) -> None:
+        """Emits a durable event; returns once it is committed to the event log."""
+        ...
+
+    def delta(self, reply_id: str, text: str, attempt: int) -> None:
+        """Emits streamed reply text (live only, coalesced, never stored)."""
+        ...
+
+
+class StopSignal:
+    """A graceful stop request, checked by dispatch at every speaker boundary."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop was requested."""
+        return bool(self.reason)
+
+    def request(self, reason: str) -> None:
+        """Asks the run to stop before its next speaker (the first reason wins)."""
+        self.reason = self.reason or reason
+
+
+class Drained(Exception):
+    """Raised at a speaker boundary when a graceful stop was requested."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prior:
+    """What earlier executions of this run (or the run a continue turn takes over) left."""
+
+    steps: tuple[PlanStep, ...] = ()
+    """Steps already planned, in order."""
+    finished: Mapping[str, str | None] = field(default_factory=dict)
+    """reply_id -> content of replies already final, or None for speakers that failed."""
+    rounds: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Continuation:
+    """The steps an earlier cancelled or interrupted run of the thread left (for "continue")."""
+
+    run_id: str
+    steps: tuple[PlanStep, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphSettings:
+    """Tunables of the graph (from server settings)."""
+
+    count_off_max_retries: int = 2
+    memory_top_k: int = 5
+    memory_max_chars: int = 2_000
+    prompt_history: int = 20
+    """History messages put into a member's prompt."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphContext:
+    """The runtime context of one run."""
+
+    request: RunRequest
+    directive: Directive
+    harness: Harness
+    sink: EventSink
+    stop: StopSignal
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    prior: Prior = Prior()
+    continuation: Continuation | None = None
+    settings: GraphSettings = GraphSettings()

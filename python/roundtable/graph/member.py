@@ -1,0 +1,156 @@
+"""The member pipeline ("MemberGraph"): one reusable unit for single chat and every group speaker.
+
+select memories -> compile persona + skills + style rules + memories + history + task ->
+call the model through the harness (streaming deltas) -> validate -> emit the final.
+
+It is a plain async pipeline called by the dispatch node rather than a compiled LangGraph
+subgraph: the speaker is the unit of resume, so nothing inside it needs a checkpoint, and
+a subgraph would add a few milliseconds and several checkpoint writes per speaker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roundtable.domain.errors import ModelError
+from roundtable.domain.events import (
+    AssistantFinal,
+    FinishReason,
+    SpeakerFailed,
+    SpeakerStarted,
+    TokenUsage,
+)
+from roundtable.domain.plan import PlanStep
+from roundtable.graph.context import GraphContext
+from roundtable.graph.countoff import check_count_off
+from roundtable.graph.memory_select import select_memories
+from roundtable.graph.prompts import member_messages
+from roundtable.graph.state import ReplyDict
+from roundtable.harness.request import CallMeta, ModelRequest
+from roundtable.models.base import ChatCall, ChatMessage
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakerOutcome:
+    """What one speaker's turn produced."""
+
+    reply: ReplyDict
+    usage: TokenUsage
+
+
+def call_meta(ctx: GraphContext, caller_node: str) -> CallMeta:
+    """The correlation fields of a model call made by `caller_node`."""
+    run = ctx.request.context
+    return CallMeta(
+        thread_id=run.thread_id,
+        run_id=run.run_id,
+        request_id=run.request_id,
+        tenant=run.tenant,
+        caller_node=caller_node,
+    )
+
+
+async def speak(
+    ctx: GraphContext, step: PlanStep, replies: list[ReplyDict], *, caller_node: str = "dispatch"
+) -> SpeakerOutcome:
+    """Runs one speaker's turn; emits speaker_started, deltas and assistant_final or speaker_failed."""
+    snapshot = ctx.request.snapshot
+    member = snapshot.member(step.member_id)
+    settings = ctx.settings
+    memories = select_memories(
+        member.memories,
+        f"{snapshot.user_turn.text} {step.task}",
+        top_k=settings.memory_top_k,
+        max_chars=settings.memory_max_chars,
+    )
+    messages = member_messages(
+        member, snapshot, step, memories, replies, history_limit=settings.prompt_history
+    )
+    ref = snapshot.model_for(member)
+    tries = 1 + (settings.count_off_max_retries if step.count_off_number else 0)
+    usage = TokenUsage()
+    stream = ctx.request.options.stream_deltas
+    text_attempt = 0
+
+    def on_text(text: str) -> None:
+        ctx.sink.delta(step.reply_id, text, text_attempt)
+
+    def on_restart() -> None:
+        nonlocal text_attempt
+        text_attempt += 1
+
+    for attempt in range(1, tries + 1):
+        await ctx.sink.emit(
+            SpeakerStarted(
+                step=step.index, member_id=member.member_id, reply_id=step.reply_id, attempt=attempt
+            )
+        )
+        text_attempt += 1
+        request = ModelRequest(
+            ref=ref,
+            call=ChatCall(
+                messages=messages, max_tokens=step.token_budget, temperature=ref.temperature
+            ),
+            meta=call_meta(ctx, caller_node),
+            credentials=ctx.credentials,
+            on_text=on_text if stream else None,
+            on_restart=on_restart,
+        )
+        try:
+            result = await ctx.harness.call(request)
+        except ModelError as exc:
+            await ctx.sink.emit(
+                SpeakerFailed(
+                    reply_id=step.reply_id,
+                    member_id=member.member_id,
+                    step=step.index,
+                    code=exc.code,
+                    message=str(exc),
+                    attempts=attempt,
+                )
+            )
+            return SpeakerOutcome(_reply(step, "", failed=True), usage)
+        usage = usage + result.usage
+        content = result.text.strip()
+        finish = FinishReason.LENGTH if result.finish_reason == "length" else FinishReason.STOP
+        if step.count_off_number:
+            problem = check_count_off(content, step.count_off_number)
+            if problem and attempt < tries:
+                # Ask again with the wrong answer and the reason in view; the task itself
+                # (and its number) never changes.
+                messages = (
+                    *messages,
+                    ChatMessage("assistant", content),
+                    ChatMessage(
+                        "user",
+                        f"That reply {problem}. Reply with exactly your number, "
+                        f"{step.count_off_number}, and nothing else.",
+                    ),
+                )
+                continue
+            if problem:
+                content, finish = str(step.count_off_number), FinishReason.REPLACED
+        await ctx.sink.emit(
+            AssistantFinal(
+                reply_id=step.reply_id,
+                member_id=member.member_id,
+                step=step.index,
+                content=content,
+                model=result.model,
+                usage=usage,
+                finish_reason=finish,
+                attempts=attempt,
+            )
+        )
+        return SpeakerOutcome(_reply(step, content, failed=False), usage)
+    raise AssertionError("unreachable: the last attempt always returns")
+
+
+def _reply(step: PlanStep, content: str, *, failed: bool) -> ReplyDict:
+    return ReplyDict(
+        reply_id=step.reply_id,
+        member_id=step.member_id,
+        step=step.index,
+        content=content,
+        failed=failed,
+    )

@@ -1,0 +1,70 @@
+"""Chooses which of a member's memories go into its prompt.
+
+Ranked by relevance to the turn (shared words, or shared characters for CJK text), then
+importance, then recency; bounded in count and size so a member with 1,000 memories
+costs the prompt no more than one with five.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from roundtable.domain.snapshot import Memory
+
+_WORD = re.compile(r"[a-z0-9]+|[\u3400-\u9fff]", re.IGNORECASE)
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "i",
+        "you",
+        "we",
+        "it",
+        "that",
+        "this",
+        "for",
+        "with",
+        "my",
+        "your",
+    ]
+)
+
+
+def terms(text: str) -> set[str]:
+    """The comparable terms of a text: lower-cased words and single CJK characters."""
+    return {t for t in (w.lower() for w in _WORD.findall(text)) if t not in _STOPWORDS}
+
+
+def select_memories(
+    memories: Iterable[Memory], query: str, *, top_k: int, max_chars: int
+) -> list[Memory]:
+    """The most relevant memories for `query`, most relevant first."""
+    wanted = terms(query)
+    scored = []
+    for memory in memories:
+        overlap = len(wanted & terms(memory.content))
+        relevance = overlap / (1 + len(wanted)) if wanted else 0.0
+        scored.append((relevance, memory.importance, memory.updated_at, memory))
+    scored.sort(key=lambda item: item[:3], reverse=True)
+    chosen: list[Memory] = []
+    used = 0
+    for _relevance, _importance, _updated, memory in scored[:top_k]:
+        if used + len(memory.content) > max_chars:
+            continue
+        chosen.append(memory)
+        used += len(memory.content)
+    return chosen

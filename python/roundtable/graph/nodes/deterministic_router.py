@@ -1,0 +1,81 @@
+"""deterministic_router: turns a directive into a plan, in code.
+
+Count-off gives every member, in roster order, an immutable task with its number in
+it; @all gives everybody the turn in roster order; @mentions in the order written;
+continue takes over the steps an earlier run left, with their original reply ids.
+"""
+
+from __future__ import annotations
+
+from langgraph.runtime import Runtime
+
+from roundtable.domain.events import PlanCreated
+from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
+from roundtable.graph.context import GraphContext
+from roundtable.graph.countoff import count_off_task
+from roundtable.graph.state import ConversationState, step_to_dict
+
+COUNT_OFF_TOKENS = 32
+_TASKS = {
+    DirectiveKind.SINGLE: "Answer the user's latest message.",
+    DirectiveKind.MENTION: "The user addressed you by name. Answer their latest message.",
+    DirectiveKind.ALL: "The user addressed everyone. Give your own answer to their latest message.",
+}
+
+
+def deterministic_steps(ctx: GraphContext) -> tuple[list[PlanStep], str]:
+    """The steps of a deterministic directive, and a reason when there are none."""
+    directive = ctx.directive
+    run_id = ctx.request.context.run_id
+    budgets = ctx.request.snapshot.session.budgets
+    if directive.kind is DirectiveKind.STOP:
+        return [], ""
+    if directive.kind is DirectiveKind.CONTINUE:
+        if ctx.continuation is None:
+            return [], "nothing to continue"
+        return list(ctx.continuation.steps), ""
+    members = directive.member_ids[: budgets.max_speakers]
+    if directive.kind is DirectiveKind.COUNT_OFF:
+        total = len(members)
+        return [
+            PlanStep(
+                index=i,
+                member_id=member_id,
+                reply_id=reply_id_for(run_id, i),
+                task=count_off_task(i + 1, total),
+                token_budget=min(COUNT_OFF_TOKENS, budgets.max_output_tokens),
+                count_off_number=i + 1,
+            )
+            for i, member_id in enumerate(members)
+        ], ""
+    task = _TASKS[directive.kind]
+    return [
+        PlanStep(
+            index=i,
+            member_id=member_id,
+            reply_id=reply_id_for(run_id, i),
+            task=task,
+            token_budget=budgets.max_output_tokens,
+        )
+        for i, member_id in enumerate(members)
+    ], ""
+
+
+async def deterministic_router(
+    state: ConversationState, runtime: Runtime[GraphContext]
+) -> ConversationState:
+    """Builds and announces the plan of a deterministic directive."""
+    ctx = runtime.context
+    steps, reason = deterministic_steps(ctx)
+    continued = ctx.directive.kind is DirectiveKind.CONTINUE and ctx.continuation is not None
+    await ctx.sink.emit(
+        PlanCreated(
+            directive=ctx.directive.kind,
+            source=PlanSource.CONTINUED if continued else PlanSource.DETERMINISTIC,
+            steps=tuple(steps),
+            round=1,
+            fallback_reason=reason,
+            continued_run_id=ctx.continuation.run_id if continued and ctx.continuation else "",
+        )
+    )
+    return {"steps": [step_to_dict(s) for s in steps], "round": 1, "converged": True}

@@ -1,0 +1,44 @@
+"""hydrate_context: brings what is already known about the run into state.
+
+A fresh run starts empty. A resumed run starts from its durable event log: the steps
+already planned and the replies already final, so nothing finished is done again.
+"""
+
+from __future__ import annotations
+
+from langgraph.runtime import Runtime
+
+from roundtable.domain.plan import Route
+from roundtable.domain.snapshot import SessionKind
+from roundtable.graph.context import GraphContext
+from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict
+
+
+async def hydrate_context(
+    state: ConversationState, runtime: Runtime[GraphContext]
+) -> ConversationState:
+    """Initializes the run's progress from the prior executions (if any)."""
+    ctx = runtime.context
+    prior = ctx.prior
+    snapshot = ctx.request.snapshot
+    replies = [
+        ReplyDict(
+            reply_id=step.reply_id,
+            member_id=step.member_id,
+            step=step.index,
+            content=prior.finished[step.reply_id] or "",
+            failed=prior.finished[step.reply_id] is None,
+        )
+        for step in prior.steps
+        if step.reply_id in prior.finished
+    ]
+    return ConversationState(
+        route=Route.SINGLE if snapshot.session.kind is SessionKind.SINGLE else Route.GROUP,
+        steps=[step_to_dict(s) for s in prior.steps],
+        cursor=0,
+        replies=replies,
+        round=prior.rounds,
+        converged=True,
+        input_tokens=0,
+        output_tokens=0,
+    )

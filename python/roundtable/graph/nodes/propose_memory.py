@@ -1,0 +1,123 @@
+"""propose_memory: after the turn, suggest memories; the gateway decides what to keep.
+
+The session's default model proposes through structured output (the offline model from
+explicit statements: "remember that ...", "记住…", "I prefer ..."). Proposals are checked
+against the snapshot: a proposal for a member who does not exist, citing a reply that
+is not this run's, or updating a memory the member does not have, is dropped. A turn
+with nothing to remember (a count-off, a stop, a turn with no reply) costs no model call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from langgraph.runtime import Runtime
+from pydantic import BaseModel, ConfigDict, Field
+
+from roundtable.domain import prompt_sections
+from roundtable.domain.errors import ModelError
+from roundtable.domain.events import MemoryAction, MemoryProposal, MemoryProposed
+from roundtable.domain.plan import DirectiveKind
+from roundtable.domain.snapshot import Snapshot
+from roundtable.graph.context import GraphContext
+from roundtable.graph.member import call_meta
+from roundtable.graph.prompts import memory_messages
+from roundtable.graph.state import ConversationState, ReplyDict
+from roundtable.harness.request import ModelRequest
+from roundtable.models.base import ChatCall
+
+log = logging.getLogger(__name__)
+
+_NOTHING_TO_REMEMBER = {DirectiveKind.COUNT_OFF.value, DirectiveKind.STOP.value}
+
+
+class ProposedMemory(BaseModel):
+    """One memory the model suggests."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    member_id: str = Field(description="The member who should remember it.")
+    action: Literal["create", "update", "forget"]
+    target_memory_id: str = Field(default="", description="For update and forget.")
+    content: str = Field(default="", max_length=4000)
+    importance: float = Field(default=0.5, ge=0, le=1)
+    evidence_reply_ids: list[str] = Field(default_factory=list)
+
+
+class MemoryProposals(BaseModel):
+    """The memories worth keeping from this turn (often none)."""
+
+    model_config = ConfigDict(title=prompt_sections.MEMORY_PROPOSALS_TOOL, extra="ignore")
+
+    proposals: list[ProposedMemory] = Field(default_factory=list)
+
+
+def accept(
+    proposals: list[ProposedMemory], snapshot: Snapshot, replies: list[ReplyDict], run_id: str
+) -> tuple[MemoryProposal, ...]:
+    """Keeps the proposals that refer to real members, memories and this run's replies."""
+    reply_ids = {r["reply_id"] for r in replies if not r["failed"]}
+    members = {m.member_id: m for m in snapshot.members}
+    out: list[MemoryProposal] = []
+    for p in proposals:
+        member = members.get(p.member_id)
+        evidence = tuple(e for e in p.evidence_reply_ids if e in reply_ids or e == "user")
+        if member is None or not evidence:
+            continue
+        if p.action != "create" and p.target_memory_id not in {
+            m.memory_id for m in member.memories
+        }:
+            continue
+        if p.action != "forget" and not p.content.strip():
+            continue
+        out.append(
+            MemoryProposal(
+                proposal_id=f"{run_id}:memory:{len(out)}",
+                member_id=p.member_id,
+                action=MemoryAction(p.action),
+                target_memory_id=p.target_memory_id if p.action != "create" else "",
+                content=p.content.strip() if p.action != "forget" else "",
+                importance=p.importance,
+                evidence_reply_ids=evidence,
+            )
+        )
+    return tuple(out)
+
+
+async def propose_memory(
+    state: ConversationState, runtime: Runtime[GraphContext]
+) -> ConversationState:
+    """Asks the default model for memory proposals and emits the valid ones."""
+    ctx = runtime.context
+    replies = [r for r in state.get("replies", []) if not r["failed"]]
+    if state.get("directive") in _NOTHING_TO_REMEMBER or not replies:
+        return {}
+    snapshot = ctx.request.snapshot
+    ref = snapshot.session.default_model
+    try:
+        result = await ctx.harness.call(
+            ModelRequest(
+                ref=ref,
+                call=ChatCall(
+                    messages=memory_messages(snapshot, replies),
+                    max_tokens=1024,
+                    temperature=0.0,
+                    schema=MemoryProposals,
+                ),
+                meta=call_meta(ctx, "propose_memory"),
+                credentials=ctx.credentials,
+            )
+        )
+    except ModelError as exc:
+        # Memory is a bonus: the turn's replies are already delivered, so it still succeeds.
+        log.warning("memory proposal skipped: %s", exc.code)
+        return {}
+    assert isinstance(result.parsed, MemoryProposals)
+    proposals = accept(result.parsed.proposals, snapshot, replies, ctx.request.context.run_id)
+    if proposals:
+        await ctx.sink.emit(MemoryProposed(proposals=proposals))
+    return {
+        "input_tokens": state.get("input_tokens", 0) + result.usage.input_tokens,
+        "output_tokens": state.get("output_tokens", 0) + result.usage.output_tokens,
+    }

@@ -1,0 +1,146 @@
+"""supervisor: the invisible director of an open discussion.
+
+The session's default model (no persona, nothing user-visible) returns a structured plan,
+validated against a pydantic schema and then against the snapshot. A model error or an
+invalid plan falls back, by a pure function, to the mentioned members or else the
+primary member, and `plan_created` says why.
+"""
+
+from __future__ import annotations
+
+from langgraph.runtime import Runtime
+from pydantic import BaseModel, ConfigDict, Field
+
+from roundtable.domain import prompt_sections
+from roundtable.domain.errors import ModelError
+from roundtable.domain.events import PlanCreated
+from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
+from roundtable.domain.snapshot import Snapshot
+from roundtable.graph.context import GraphContext
+from roundtable.graph.directives import mentioned_members
+from roundtable.graph.member import call_meta
+from roundtable.graph.prompts import supervisor_messages
+from roundtable.graph.state import ConversationState, step_to_dict
+from roundtable.harness.request import ModelRequest
+from roundtable.models.base import ChatCall
+
+
+class SupervisorStep(BaseModel):
+    """One speaker the supervisor chose."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    member_id: str = Field(description="Id of a member from the roster.")
+    task: str = Field(min_length=1, max_length=2000, description="What this member should do.")
+    token_budget: int | None = Field(
+        default=None, ge=1, description="Output tokens this speaker may use."
+    )
+
+
+class SupervisorPlan(BaseModel):
+    """Who speaks next, in order, with what task."""
+
+    model_config = ConfigDict(title=prompt_sections.SUPERVISOR_PLAN_TOOL, extra="ignore")
+
+    steps: list[SupervisorStep] = Field(description="Speakers in speaking order.")
+    converged: bool = Field(description="True when no further round is needed.")
+
+
+def check_plan(plan: SupervisorPlan, snapshot: Snapshot, *, speakers_left: int) -> str:
+    """Why a plan cannot be followed, or "" when it can."""
+    if not plan.steps:
+        return "invalid_plan: empty"
+    known = {m.member_id for m in snapshot.members}
+    unknown = [s.member_id for s in plan.steps if s.member_id not in known]
+    if unknown:
+        return "invalid_plan: unknown member " + ", ".join(u[:64] for u in unknown[:3])
+    if len(plan.steps) > speakers_left:
+        return f"invalid_plan: {len(plan.steps)} speakers over a budget of {speakers_left}"
+    limit = snapshot.session.budgets.max_output_tokens
+    if any(s.token_budget is not None and s.token_budget > limit for s in plan.steps):
+        return f"invalid_plan: token budget over {limit}"
+    return ""
+
+
+def fallback_members(snapshot: Snapshot) -> tuple[str, ...]:
+    """Who speaks when the supervisor cannot plan: the mentioned members, else the primary."""
+    return mentioned_members(snapshot) or (snapshot.session.primary_member_id,)
+
+
+async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -> ConversationState:
+    """Plans one round of an open discussion (or falls back)."""
+    ctx = runtime.context
+    snapshot = ctx.request.snapshot
+    budgets = snapshot.session.budgets
+    steps_so_far = state.get("steps", [])
+    round_no = state.get("round", 0) + 1
+    speakers_left = max(0, budgets.max_speakers - len(steps_so_far))
+    replies = state.get("replies", [])
+    ref = snapshot.session.default_model
+    reason = ""
+    plan: SupervisorPlan | None = None
+    usage_in = usage_out = 0
+    try:
+        result = await ctx.harness.call(
+            ModelRequest(
+                ref=ref,
+                call=ChatCall(
+                    messages=supervisor_messages(
+                        snapshot, replies, max_steps=speakers_left, round_no=round_no
+                    ),
+                    max_tokens=1024,
+                    temperature=ref.temperature,
+                    schema=SupervisorPlan,
+                ),
+                meta=call_meta(ctx, "supervisor"),
+                credentials=ctx.credentials,
+            )
+        )
+        usage_in, usage_out = result.usage.input_tokens, result.usage.output_tokens
+        assert isinstance(result.parsed, SupervisorPlan)
+        plan = result.parsed
+        reason = check_plan(plan, snapshot, speakers_left=speakers_left)
+    except ModelError as exc:
+        reason = f"supervisor_{exc.code.lower()}"
+    start = len(steps_so_far)
+    run_id = ctx.request.context.run_id
+    if plan is not None and not reason:
+        source = PlanSource.SUPERVISOR
+        chosen = [
+            (s.member_id, s.task, s.token_budget or budgets.max_output_tokens) for s in plan.steps
+        ]
+        converged = plan.converged
+    else:
+        source = PlanSource.FALLBACK
+        task = "Answer the user's latest message."
+        members = fallback_members(snapshot)[: max(1, speakers_left)]
+        chosen = [(m, task, budgets.max_output_tokens) for m in members]
+        converged = True
+    steps = [
+        PlanStep(
+            index=start + i,
+            member_id=member_id,
+            reply_id=reply_id_for(run_id, start + i),
+            task=task,
+            token_budget=tokens,
+            round=round_no,
+        )
+        for i, (member_id, task, tokens) in enumerate(chosen)
+    ]
+    await ctx.sink.emit(
+        PlanCreated(
+            directive=DirectiveKind.OPEN,
+            source=source,
+            steps=tuple(steps),
+            round=round_no,
+            fallback_reason=reason,
+        )
+    )
+    return {
+        "steps": [*steps_so_far, *(step_to_dict(s) for s in steps)],
+        "round": round_no,
+        "converged": converged,
+        "source": source.value,
+        "input_tokens": state.get("input_tokens", 0) + usage_in,
+        "output_tokens": state.get("output_tokens", 0) + usage_out,
+    }

@@ -1,0 +1,66 @@
+"""Graph state: plain, serializable data about the run's progress. No snapshot, no secrets.
+
+Steps and replies are plain dicts (not dataclasses) so any checkpoint serializer stores
+them without an import allow-list.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from roundtable.domain.plan import PlanStep
+
+
+class StepDict(TypedDict):
+    """A `PlanStep` as plain data."""
+
+    index: int
+    member_id: str
+    reply_id: str
+    task: str
+    token_budget: int
+    round: int
+    count_off_number: int
+
+
+class ReplyDict(TypedDict):
+    """A finished reply, as later speakers and memory proposals see it."""
+
+    reply_id: str
+    member_id: str
+    step: int
+    content: str
+    failed: bool
+
+
+class ConversationState(TypedDict, total=False):
+    """The run's progress. Each node returns only the keys it changes."""
+
+    route: str
+    directive: str
+    source: str
+    steps: list[StepDict]
+    cursor: int
+    replies: list[ReplyDict]
+    round: int
+    converged: bool
+    input_tokens: int
+    output_tokens: int
+
+
+def step_to_dict(step: PlanStep) -> StepDict:
+    """Plain data of a step."""
+    return StepDict(
+        index=step.index,
+        member_id=step.member_id,
+        reply_id=step.reply_id,
+        task=step.task,
+        token_budget=step.token_budget,
+        round=step.round,
+        count_off_number=step.count_off_number,
+    )
+
+
+def step_from_dict(data: StepDict) -> PlanStep:
+    """The step of plain data."""
+    return PlanStep(**data)

@@ -1,0 +1,1 @@
+"""The model-call harness: timeout, retry, circuit breaker, failover and audit, as a chain."""

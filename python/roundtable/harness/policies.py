@@ -1,0 +1,61 @@
+"""Harness policies: frozen values, configured by server settings and the snapshot's model refs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roundtable.domain.errors import ModelError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeoutPolicy:
+    """Per-attempt timeout."""
+
+    default_s: float = 60.0
+    """Seconds an attempt may take when the model ref sets no timeout of its own."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Retries of transient errors on one target."""
+
+    max_retries: int = 2
+    """Retries after the first attempt (so at most 1 + max_retries attempts)."""
+    initial_backoff_s: float = 0.2
+    """Seconds before the first retry; doubles for each further retry."""
+    max_backoff_s: float = 2.0
+    """Upper bound of one backoff, in seconds."""
+    jitter: float = 0.2
+    """Fraction of the backoff added or removed at random, so retries do not align."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerPolicy:
+    """Circuit breaker per target (`llm:<provider>:<model>`)."""
+
+    failure_threshold: int = 5
+    """Consecutive system failures that open the breaker."""
+    cooldown_s: float = 30.0
+    """Seconds an open breaker waits before letting one probe through (half-open)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HarnessPolicy:
+    """All harness policies together."""
+
+    timeout: TimeoutPolicy = TimeoutPolicy()
+    retry: RetryPolicy = RetryPolicy()
+    breaker: BreakerPolicy = BreakerPolicy()
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether an error may go away by itself: timeouts, 429, 5xx, connection errors.
+
+    A 4xx or an answer that failed validation is not transient: retrying cannot help.
+    """
+    return isinstance(error, ModelError) and error.retryable
+
+
+def is_system_failure(error: BaseException) -> bool:
+    """Whether an error says the target is unhealthy (what a breaker counts)."""
+    return is_transient(error)

@@ -1,0 +1,48 @@
+"""What flows through the harness chain."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from roundtable.domain.snapshot import ModelRef, ModelTarget
+from roundtable.models.base import ChatCall, ChatResult, TextSink
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallMeta:
+    """Correlation fields of a call: what audit records and spans may carry, and nothing else."""
+
+    thread_id: str
+    run_id: str
+    request_id: str
+    tenant: str
+    caller_node: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRequest:
+    """One model call on its way through the chain.
+
+    Outer layers fill in `target` (failover) and `attempt` (retry) as the call moves inward.
+    `credentials` is excluded from repr so a logged request never shows a key.
+    """
+
+    ref: ModelRef
+    call: ChatCall
+    meta: CallMeta
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    on_text: TextSink | None = None
+    on_restart: Callable[[], None] | None = None
+    """Called before an attempt that follows one which already streamed text."""
+    target: ModelTarget | None = None
+    attempt: int = 1
+
+    @property
+    def resolved_target(self) -> ModelTarget:
+        """The target this attempt goes to (the ref's own until failover picks another)."""
+        return self.target or self.ref.target
+
+
+Handler = Callable[[ModelRequest], Awaitable[ChatResult]]
+"""Anything that takes a request to a result: a layer, or the provider call at the end."""

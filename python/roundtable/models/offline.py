@@ -1,0 +1,327 @@
+"""The built-in offline model: no network, no key, deterministic.
+
+It is a real LangChain chat model (native async generate and stream, tool binding for
+structured output), so it runs through exactly the same provider and harness path as a
+remote model. It reads the prompt sections Roundtable writes (`domain.prompt_sections`):
+a member answers its task in its persona's voice, a count-off task gets the number, the
+supervisor gets a plan from the roster, and explicit statements ("remember that ...",
+"记住…", "I prefer ...") become memory proposals.
+
+Behaviour knobs for tests and demos come from the target's base_url query string, e.g.
+`offline:?token_delay_ms=20&latency_ms=100&fail=error&fail_times=2`:
+
+- `token_delay_ms`: pause between streamed tokens (default: the server's setting).
+- `latency_ms`: pause before the first token.
+- `fail`: `error` (a 5xx-like failure), `rate_limit`, `rejected` (a 4xx), `timeout` (never
+  answers; the harness timeout fires), `bad_plan` (a supervisor plan naming a member that
+  does not exist).
+- `fail_times`: how many calls fail before the model behaves (default: all of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import PrivateAttr
+
+from roundtable.domain import prompt_sections as sections
+from roundtable.domain.errors import ModelRateLimited, ModelRejected, ModelUnavailable
+from roundtable.domain.snapshot import ModelTarget
+
+_TOKEN = re.compile(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]+\s*|\s+")
+_NUMBER_TASK = re.compile(r"(?:number|序号)\D{0,12}(\d+)", re.IGNORECASE)
+_EXPLICIT_MEMORY = re.compile(
+    r"(?:remember that|remember:|记住[:：,，]?|please remember|I prefer|我喜欢|我更喜欢)\s*([^.!?。！？\n]+)",
+    re.IGNORECASE,
+)
+
+
+_OPENERS = ("Well,", "Honestly,", "Here is my take", "Let me add this", "If you ask me,")
+_STANCES = (
+    "I would start small and see what holds up.",
+    "I'd first ask what could go wrong, then decide.",
+    "there is a simple answer hiding in there; let's find it together.",
+    "the facts matter most, so let's gather them first.",
+    "every good plan starts with a good story, and this one has promise.",
+    "patience will serve us better than haste here.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineKnobs:
+    """Behaviour of one offline target (see the module docstring)."""
+
+    token_delay_s: float = 0.0
+    latency_s: float = 0.0
+    fail: str = ""
+    fail_times: int = -1
+    """How many calls fail; -1 means every call."""
+
+    @classmethod
+    def from_target(
+        cls, target: ModelTarget, *, default_token_delay_s: float = 0.0
+    ) -> OfflineKnobs:
+        """Reads the knobs from the target's base_url query string."""
+        query = parse_qs(urlsplit(target.base_url).query) if target.base_url else {}
+
+        def num(name: str, default: float) -> float:
+            values = query.get(name)
+            return float(values[0]) if values else default
+
+        return cls(
+            token_delay_s=num("token_delay_ms", default_token_delay_s * 1000) / 1000,
+            latency_s=num("latency_ms", 0) / 1000,
+            fail=query.get("fail", [""])[0],
+            fail_times=int(num("fail_times", -1)),
+        )
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Splits a prompt into its `## Heading` sections."""
+    out: dict[str, str] = {}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = line.strip()
+            out[current] = ""
+        elif current:
+            out[current] += line + "\n"
+    return {k: v.strip() for k, v in out.items()}
+
+
+def _mentions(text: str, word: str) -> bool:
+    """Whether `word` occurs in `text` (whole words for Latin script, substrings for CJK)."""
+    word = word.lower().strip()
+    if not word:
+        return False
+    if word.isascii():
+        return re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", text) is not None
+    return word in text
+
+
+def _seed(*parts: str) -> int:
+    return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=4).digest(), "big")
+
+
+class OfflineChatModel(BaseChatModel):
+    """A deterministic chat model that plays its part from the prompt alone."""
+
+    knobs: OfflineKnobs = OfflineKnobs()
+    model_name: str = "roundtable-offline"
+    _calls: int = PrivateAttr(default=0)
+
+    @property
+    def _llm_type(self) -> str:
+        return "roundtable-offline"
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Binds tools the way LangChain's structured output expects."""
+        kwargs.pop("ls_structured_output_format", None)
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
+    # -- generation ---------------------------------------------------------------------
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        message = await self._answer(messages, kwargs)
+        if message.tool_calls:
+            return ChatResult(generations=[ChatGeneration(message=message)])
+        parts = [chunk.text async for chunk in self._astream(messages, stop, None, **kwargs)]
+        text = "".join(parts)
+        return ChatResult(
+            generations=[
+                ChatGeneration(
+                    message=AIMessage(content=text, usage_metadata=message.usage_metadata)
+                )
+            ]
+        )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        raise NotImplementedError("the offline model is async only")
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        message = await self._answer(messages, kwargs)
+        text = message.text
+        delay = self.knobs.token_delay_s
+        tokens = _TOKEN.findall(text) or [text]
+        budget = int(kwargs.get("max_tokens") or len(tokens))
+        finish = "length" if len(tokens) > budget else "stop"
+        for i, token in enumerate(tokens[:budget]):
+            if delay and i:
+                await asyncio.sleep(delay)
+            yield ChatGenerationChunk(message=AIMessageChunk(content=token))
+        usage = message.usage_metadata
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                usage_metadata=usage,
+                response_metadata={"finish_reason": finish},
+                chunk_position="last",
+            )
+        )
+
+    async def _answer(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> AIMessage:
+        """Decides the whole answer up front (tool call or text), after faults and latency."""
+        self._calls += 1
+        failing = self.knobs.fail and (
+            self.knobs.fail_times < 0 or self._calls <= self.knobs.fail_times
+        )
+        if failing and self.knobs.fail != "bad_plan":
+            await self._fail(self.knobs.fail)
+        if self.knobs.latency_s:
+            await asyncio.sleep(self.knobs.latency_s)
+        system = "\n".join(m.text for m in messages if m.type == "system")
+        last_user = next((m.text for m in reversed(messages) if m.type == "human"), "")
+        input_tokens = sum(len(m.text) for m in messages) // 4 + 1
+        tools = kwargs.get("tools") or []
+        if tools:
+            name = tools[0]["function"]["name"]
+            args = self._tool_args(name, system, last_user, bad=bool(failing))
+            usage = UsageMetadata(
+                input_tokens=input_tokens, output_tokens=8, total_tokens=input_tokens + 8
+            )
+            return AIMessage(
+                content="",
+                tool_calls=[{"name": name, "args": args, "id": f"call_{self._calls}"}],
+                usage_metadata=usage,
+            )
+        text = self._reply(system, last_user)
+        out = len(_TOKEN.findall(text))
+        usage = UsageMetadata(
+            input_tokens=input_tokens, output_tokens=out, total_tokens=input_tokens + out
+        )
+        return AIMessage(content=text, usage_metadata=usage)
+
+    @staticmethod
+    async def _fail(kind: str) -> None:
+        if kind == "timeout":
+            await asyncio.Event().wait()  # never answers: the harness's timeout must fire
+        if kind == "rate_limit":
+            raise ModelRateLimited("offline fault injection: 429")
+        if kind == "rejected":
+            raise ModelRejected("offline fault injection: 400")
+        raise ModelUnavailable("offline fault injection: 500")
+
+    # -- what the offline model says ----------------------------------------------------
+
+    def _reply(self, system: str, last_user: str) -> str:
+        secs = _sections(system)
+        name_match = re.match(r"You are (.+?)\.", system)
+        name = name_match.group(1) if name_match else "Assistant"
+        task = _sections(last_user).get(sections.TASK, "") or last_user.strip()
+        number = _NUMBER_TASK.search(task)
+        if number:
+            return f"{number.group(1)}!"
+        persona = secs.get(sections.PERSONA, "")
+        voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
+        topic = last_user.split(sections.TASK)[0].strip().splitlines()
+        subject = (topic[0] if topic else task)[:80]
+        seed = _seed(name, subject)
+        reply = f"{_OPENERS[seed % len(_OPENERS)]} about \u201c{subject}\u201d: "
+        reply += _STANCES[(seed // 7) % len(_STANCES)]
+        if voice:
+            reply += f" ({voice})"
+        memories = secs.get(sections.MEMORIES, "")
+        if memories:
+            reply += f" I remember: {memories.splitlines()[0].lstrip('- ')[:80]}"
+        return reply
+
+    def _tool_args(self, name: str, system: str, last_user: str, *, bad: bool) -> dict[str, Any]:
+        secs = _sections(system)
+        if name == sections.SUPERVISOR_PLAN_TOOL:
+            roster: list[dict[str, Any]] = json.loads(secs.get(sections.ROSTER, "[]") or "[]")
+            return self._plan(roster, last_user, bad=bad)
+        if name == sections.MEMORY_PROPOSALS_TOOL:
+            turn: dict[str, Any] = json.loads(secs.get(sections.TURN, "{}") or "{}")
+            return self._memories(turn)
+        return {}
+
+    @staticmethod
+    def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool) -> dict[str, Any]:
+        if bad:
+            return {"steps": [{"member_id": "no-such-member", "task": "speak"}], "converged": True}
+        lowered = text.lower()
+        chosen = [
+            m
+            for m in roster
+            if any(_mentions(lowered, w) for w in [m.get("display_name", ""), *m.get("skills", [])])
+        ] or roster[:2]
+        topic = re.sub(r"\s+", " ", text).strip()[:200]
+        steps = [
+            {"member_id": m["member_id"], "task": f"Give your view on: {topic}"} for m in chosen
+        ]
+        return {"steps": steps, "converged": True}
+
+    @staticmethod
+    def _memories(turn: dict[str, Any]) -> dict[str, Any]:
+        text = str(turn.get("user_text", ""))
+        replies: list[dict[str, str]] = turn.get("replies", [])
+        proposals = []
+        for match in _EXPLICIT_MEMORY.finditer(text):
+            content = match.group(0).strip()
+            for reply in replies:
+                proposals.append(
+                    {
+                        "member_id": reply["member_id"],
+                        "action": "create",
+                        "content": content,
+                        "importance": 0.7,
+                        "evidence_reply_ids": [reply["reply_id"]],
+                    }
+                )
+        return {"proposals": proposals}
+
+
+def iter_tokens(text: str) -> Iterator[str]:
+    """Splits text into the tokens the offline model streams (words, or CJK characters)."""
+    yield from _TOKEN.findall(text)
+
+
+def offline_factory(
+    *, default_token_delay_s: float = 0.0
+) -> Callable[[ModelTarget, str | None], BaseChatModel]:
+    """A model factory for `LangChainProvider`: one offline model per target."""
+
+    def build(target: ModelTarget, _api_key: str | None) -> BaseChatModel:
+        knobs = OfflineKnobs.from_target(target, default_token_delay_s=default_token_delay_s)
+        return OfflineChatModel(knobs=knobs, model_name=target.model)
+
+    return build

@@ -1,0 +1,1 @@
+"""Runs: the live-run registry, event numbering and write-ahead, fan-out, idempotent starts."""

@@ -1,0 +1,91 @@
+"""A run executing in this process, and the streams that follow it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from roundtable.domain.snapshot import RunRequest
+from roundtable.graph.context import StopSignal
+from roundtable.runs.progress import Progress
+from roundtable.store.base import RunRecord
+from roundtable.v1 import events_pb2 as epb
+
+_END = None
+
+
+class Subscription:
+    """One stream's view of a run: a backlog of durable events, then live ones, then the end."""
+
+    def __init__(self, backlog: list[epb.RunEvent], *, ended: bool) -> None:
+        self.queue: asyncio.Queue[epb.RunEvent | None] = asyncio.Queue()
+        for event in backlog:
+            self.queue.put_nowait(event)
+        if ended:
+            self.queue.put_nowait(_END)
+        self.reached_end = False
+
+    async def __aiter__(self) -> AsyncIterator[epb.RunEvent]:
+        while True:
+            event = await self.queue.get()
+            if event is _END:
+                self.reached_end = True
+                return
+            yield event
+
+
+@dataclass(eq=False)
+class LiveRun:
+    """A run that this process is executing (or about to)."""
+
+    request: RunRequest
+    record: RunRecord
+    progress: Progress = field(default_factory=Progress)
+    stop: StopSignal = field(default_factory=StopSignal)
+    backlog: list[epb.RunEvent] = field(default_factory=list)
+    subscribers: set[Subscription] = field(default_factory=set)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    graph_task: asyncio.Task[object] | None = None
+    immediate: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(tenant, run_id)."""
+        return (self.record.tenant, self.record.run_id)
+
+    @property
+    def thread_key(self) -> tuple[str, str]:
+        """(tenant, thread_id)."""
+        return (self.record.tenant, self.record.thread_id)
+
+    def subscribe(self, after_seq: int, *, head: Sequence[epb.RunEvent] = ()) -> Subscription:
+        """A stream of the durable events after `after_seq`, then the live ones.
+
+        `head` holds events read from the log that precede what is in memory.
+        """
+        since = head[-1].seq if head else after_seq
+        backlog = [*head, *(e for e in self.backlog if e.seq > since)]
+        sub = Subscription(backlog, ended=self.done.is_set())
+        if not self.done.is_set():
+            self.subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """Stops feeding a stream (its client went away)."""
+        self.subscribers.discard(sub)
+
+    def publish(self, event: epb.RunEvent, *, durable: bool) -> None:
+        """Hands an event to every stream; durable ones are kept for late subscribers."""
+        if durable:
+            self.backlog.append(event)
+        for sub in self.subscribers:
+            sub.queue.put_nowait(event)
+
+    def finish(self) -> None:
+        """Ends every stream."""
+        self.done.set()
+        for sub in self.subscribers:
+            sub.queue.put_nowait(_END)
+        self.subscribers.clear()

@@ -1,0 +1,378 @@
+"""RunManager: starts, attaches to, replays, resumes, cancels and describes runs.
+
+Idempotent on (tenant, run_id): a run executes at most once at a time in this process,
+a finished run is replayed from the event log with its original seq numbers, and an
+interrupted or cancelled one resumes by set difference against that log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from roundtable.domain.errors import Draining, RunAlreadyExists, RunNotFound, ThreadBusy
+from roundtable.domain.events import (
+    ReplySummary,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    TokenUsage,
+)
+from roundtable.domain.plan import DirectiveKind, Route
+from roundtable.domain.snapshot import BusyThreadPolicy, RunRequest, SessionKind
+from roundtable.graph.context import (
+    Continuation,
+    Drained,
+    GraphContext,
+    GraphSettings,
+    Prior,
+)
+from roundtable.graph.directives import Directive, classify
+from roundtable.harness.chain import Harness
+from roundtable.runs.live import LiveRun, Subscription
+from roundtable.runs.progress import Progress
+from roundtable.runs.sink import RunSink
+from roundtable.store.base import RESUMABLE, RunRecord, RunStatus, RunStore
+from roundtable.v1 import events_pb2 as epb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What a cancel did, and the run as it is now."""
+
+    accepted: bool
+    record: RunRecord
+    progress: Progress
+
+
+class RunManager:
+    """The live runs of this process and their durable records."""
+
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        graph: Any,
+        harness: Harness,
+        graph_settings: GraphSettings | None = None,
+    ) -> None:
+        self.store = store
+        self.graph = graph
+        self.harness = harness
+        self.graph_settings = graph_settings or GraphSettings()
+        self._live: dict[tuple[str, str], LiveRun] = {}
+        self._threads: dict[tuple[str, str], LiveRun] = {}
+        self._lock = asyncio.Lock()
+        self._draining = False
+
+    # -- starting ---------------------------------------------------------------------------
+
+    async def start(self, request: RunRequest, credentials: dict[str, str]) -> Subscription:
+        """Starts, attaches to, resumes or replays a run; returns its event stream.
+
+        Raises:
+            RunAlreadyExists: the run id is known with a different snapshot.
+            ThreadBusy: the thread has a live run and the policy is REJECT.
+            Draining: the server is shutting down.
+        """
+        ctx = request.context
+        key = (ctx.tenant, ctx.run_id)
+        async with self._lock:
+            live = self._live.get(key)
+            if live is not None:
+                self._check_fingerprint(live.record, request)
+                return live.subscribe(0)
+            record = await self.store.get_run(ctx.tenant, ctx.run_id)
+            if record is not None:
+                self._check_fingerprint(record, request)
+                if record.status not in RESUMABLE:
+                    return await self._replay(record)
+            if self._draining:
+                raise Draining()
+            directive = classify(request.snapshot)
+            wait_for = self._claim_thread(request, directive)
+            continuation = None
+            if directive.kind is DirectiveKind.CONTINUE and record is None:
+                continuation = await self._take_continuation(ctx.tenant, ctx.thread_id)
+            if record is None:
+                now = time.time()
+                record = RunRecord(
+                    tenant=ctx.tenant,
+                    run_id=ctx.run_id,
+                    thread_id=ctx.thread_id,
+                    fingerprint=request.fingerprint,
+                    status=RunStatus.QUEUED if wait_for else RunStatus.RUNNING,
+                    created_at=now,
+                    updated_at=now,
+                )
+                await self.store.create_run(record)
+                prior_events: list[epb.RunEvent] = []
+            else:
+                record.status = RunStatus.RUNNING
+                await self.store.update_run(record)
+                prior_events = [
+                    epb.RunEvent.FromString(e.body)
+                    for e in await self.store.read_events(ctx.tenant, ctx.run_id, 0)
+                ]
+            live = LiveRun(request=request, record=record)
+            for event in prior_events:
+                live.progress.observe(event)
+            self._live[key] = live
+            self._threads[live.thread_key] = live
+            subscription = live.subscribe(record.last_seq)
+            live.task = asyncio.create_task(
+                self._execute(
+                    live,
+                    credentials,
+                    directive=directive,
+                    resumed=bool(prior_events),
+                    continuation=continuation,
+                    wait_for=wait_for,
+                ),
+                name=f"run:{ctx.tenant}/{ctx.run_id}",
+            )
+            return subscription
+
+    @staticmethod
+    def _check_fingerprint(record: RunRecord, request: RunRequest) -> None:
+        if record.fingerprint != request.fingerprint:
+            raise RunAlreadyExists(f"run {record.run_id!r}")
+
+    def _claim_thread(self, request: RunRequest, directive: Directive) -> LiveRun | None:
+        """Applies the busy-thread policy; returns a run to wait for, if any."""
+        ctx = request.context
+        busy = self._threads.get((ctx.tenant, ctx.thread_id))
+        if busy is None or busy.done.is_set():
+            return None
+        if directive.kind is DirectiveKind.STOP:
+            # A stop turn always stops the live run, whatever the policy; nobody speaks.
+            busy.stop.request("stop_directive")
+            return None
+        policy = request.options.busy_thread_policy
+        if policy is BusyThreadPolicy.REJECT:
+            raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy.record.run_id!r}")
+        if policy is BusyThreadPolicy.INTERRUPT:
+            busy.stop.request("interrupted_by_new_run")
+        return busy
+
+    async def _take_continuation(self, tenant: str, thread_id: str) -> Continuation | None:
+        """The steps the thread's last cancelled or interrupted run left; marks it continued."""
+        earlier = await self.store.latest_resumable(tenant, thread_id)
+        if earlier is None:
+            return None
+        progress = Progress()
+        for stored in await self.store.read_events(tenant, earlier.run_id, 0):
+            progress.observe(epb.RunEvent.FromString(stored.body))
+        earlier.status = RunStatus.CONTINUED
+        await self.store.update_run(earlier)
+        steps = tuple(progress.steps_left)
+        return Continuation(run_id=earlier.run_id, steps=steps) if steps else None
+
+    async def _replay(self, record: RunRecord) -> Subscription:
+        events = await self.store.read_events(record.tenant, record.run_id, 0)
+        return Subscription([epb.RunEvent.FromString(e.body) for e in events], ended=True)
+
+    # -- executing --------------------------------------------------------------------------
+
+    async def _execute(
+        self,
+        live: LiveRun,
+        credentials: dict[str, str],
+        *,
+        directive: Directive,
+        resumed: bool,
+        continuation: Continuation | None,
+        wait_for: LiveRun | None,
+    ) -> None:
+        record = live.record
+        sink = RunSink(live, self.store, first_seq=record.last_seq)
+        request = live.request
+        status = RunStatus.FAILED
+        try:
+            if wait_for is not None:
+                await wait_for.done.wait()
+                if live.stop.requested:
+                    raise Drained(live.stop.reason)
+                record.status = RunStatus.RUNNING
+                await self.store.update_run(record)
+            route = (
+                Route.SINGLE if request.snapshot.session.kind is SessionKind.SINGLE else Route.GROUP
+            )
+            await sink.emit(
+                RunStarted(route=route, resumed=resumed, thread_id=request.context.thread_id)
+            )
+            context = GraphContext(
+                request=request,
+                directive=directive,
+                harness=self.harness,
+                sink=sink,
+                stop=live.stop,
+                credentials=credentials,
+                prior=Prior(
+                    steps=tuple(live.progress.steps),
+                    finished=dict(live.progress.finished),
+                    rounds=live.progress.rounds,
+                ),
+                continuation=continuation,
+                settings=self.graph_settings,
+            )
+            live.graph_task = asyncio.create_task(
+                self.graph.ainvoke({}, {"recursion_limit": 10_000}, context=context)
+            )
+            async with asyncio.timeout(request.snapshot.session.budgets.run_timeout_s):
+                state = await live.graph_task
+            await sink.emit(_completed(state, live.progress))
+            status = RunStatus.SUCCEEDED
+        except Drained as stop:
+            await sink.emit(_cancelled(stop.reason, live.progress))
+            status = RunStatus.CANCELLED
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                # The process is stopping: the run is interrupted, not cancelled by anyone.
+                status = RunStatus.INTERRUPTED
+                raise
+            await sink.emit(_cancelled(live.stop.reason or "cancel_requested", live.progress))
+            status = RunStatus.CANCELLED
+        except TimeoutError:
+            await sink.emit(
+                RunFailed(
+                    code="RUN_DEADLINE_EXCEEDED",
+                    message="the run took longer than its run_timeout_seconds",
+                    retryable=False,
+                )
+            )
+            status = RunStatus.FAILED
+        except Exception as exc:
+            # The run fails, the server does not: log the type only (a message could hold
+            # prompt text), and tell the gateway it may retry.
+            log.error("run %s failed: %s", record.run_id, type(exc).__name__)
+            with contextlib.suppress(Exception):
+                await sink.emit(
+                    RunFailed(code="INTERNAL", message=type(exc).__name__, retryable=True)
+                )
+            status = RunStatus.FAILED
+        finally:
+            sink.flush()
+            record.status = status
+            record.plan_json = live.progress.plan_json()
+            record.finished_reply_ids = live.progress.finished_reply_ids
+            with contextlib.suppress(Exception):
+                await self.store.update_run(record)
+            self._live.pop(live.key, None)
+            if self._threads.get(live.thread_key) is live:
+                self._threads.pop(live.thread_key, None)
+            live.finish()
+
+    # -- following, cancelling, describing --------------------------------------------------
+
+    async def stream(self, tenant: str, run_id: str, after_seq: int) -> Subscription:
+        """Replays durable events after `after_seq`, then follows the live run.
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+        """
+        live = self._live.get((tenant, run_id))
+        if live is not None:
+            first_in_memory = live.backlog[0].seq if live.backlog else live.record.last_seq + 1
+            head: list[epb.RunEvent] = []
+            if after_seq + 1 < first_in_memory:
+                # Events of an earlier execution of the run are in the log, not in memory.
+                stored = await self.store.read_events(tenant, run_id, after_seq)
+                head = [epb.RunEvent.FromString(e.body) for e in stored]
+            return live.subscribe(after_seq, head=head)
+        record = await self.store.get_run(tenant, run_id)
+        if record is None:
+            raise RunNotFound(run_id)
+        events = await self.store.read_events(tenant, run_id, after_seq)
+        return Subscription([epb.RunEvent.FromString(e.body) for e in events], ended=True)
+
+    def unsubscribe(self, tenant: str, run_id: str, sub: Subscription) -> None:
+        """Detaches a stream whose client went away."""
+        live = self._live.get((tenant, run_id))
+        if live is not None:
+            live.unsubscribe(sub)
+
+    async def cancel(
+        self, tenant: str, run_id: str, *, immediate: bool, reason: str
+    ) -> CancelResult:
+        """Asks a run to stop (gracefully at the next speaker boundary, or now).
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+        """
+        live = self._live.get((tenant, run_id))
+        if live is not None:
+            live.stop.request(reason or "cancel_requested")
+            if immediate and live.graph_task is not None:
+                live.immediate = True
+                live.graph_task.cancel()
+            return CancelResult(True, live.record, live.progress)
+        record, progress = await self.describe(tenant, run_id)
+        return CancelResult(False, record, progress)
+
+    async def describe(self, tenant: str, run_id: str) -> tuple[RunRecord, Progress]:
+        """The run's record and progress.
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+        """
+        live = self._live.get((tenant, run_id))
+        if live is not None:
+            return live.record, live.progress
+        record = await self.store.get_run(tenant, run_id)
+        if record is None:
+            raise RunNotFound(run_id)
+        progress = Progress()
+        for stored in await self.store.read_events(tenant, run_id, 0):
+            progress.observe(epb.RunEvent.FromString(stored.body))
+        return record, progress
+
+    # -- shutting down ----------------------------------------------------------------------
+
+    async def drain(self, grace_s: float) -> None:
+        """Stops taking runs, lets live ones reach a speaker boundary, interrupts the rest."""
+        self._draining = True
+        runs = list(self._live.values())
+        for live in runs:
+            live.stop.request("server_shutdown")
+        tasks = [live.task for live in runs if live.task is not None]
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    @property
+    def live_count(self) -> int:
+        """Runs executing now."""
+        return len(self._live)
+
+
+def _completed(state: dict[str, Any], progress: Progress) -> RunCompleted:
+    replies = [r for r in state.get("replies", []) if not r["failed"]]
+    return RunCompleted(
+        replies=tuple(
+            ReplySummary(reply_id=r["reply_id"], member_id=r["member_id"], step=r["step"])
+            for r in sorted(replies, key=lambda r: r["step"])
+        ),
+        usage=TokenUsage(state.get("input_tokens", 0), state.get("output_tokens", 0)),
+        converged=bool(state.get("converged", True)),
+        rounds=max(progress.rounds, int(state.get("round", 0))),
+    )
+
+
+def _cancelled(reason: str, progress: Progress) -> RunCancelled:
+    return RunCancelled(
+        reason=reason,
+        finished_reply_ids=tuple(progress.finished_reply_ids),
+        steps_left=tuple(progress.steps_left),
+    )

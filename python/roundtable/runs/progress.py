@@ -1,0 +1,59 @@
+"""A run's progress, derived from its events: the plan so far and the replies done.
+
+The event log is the source of truth for resume: a speaker is finished when its
+assistant_final (or speaker_failed) is in the log, whatever any checkpoint says.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from roundtable.api.convert import plan_step_from_proto
+from roundtable.domain.plan import PlanStep
+from roundtable.v1 import events_pb2 as epb
+
+
+@dataclass(slots=True)
+class Progress:
+    """Plan steps in order, finished replies, rounds planned."""
+
+    steps: list[PlanStep] = field(default_factory=list)
+    finished: dict[str, str | None] = field(default_factory=dict)
+    """reply_id -> final content, or None when the speaker failed."""
+    rounds: int = 0
+    plan_events: int = 0
+
+    def observe(self, event: epb.RunEvent) -> None:
+        """Updates the progress with one durable event."""
+        kind = event.WhichOneof("payload")
+        if kind == "plan_created":
+            self.plan_events += 1
+            self.rounds = max(self.rounds, event.plan_created.round)
+            known = {s.reply_id for s in self.steps}
+            self.steps.extend(
+                plan_step_from_proto(s) for s in event.plan_created.steps if s.reply_id not in known
+            )
+        elif kind == "assistant_final":
+            self.finished[event.assistant_final.reply_id] = event.assistant_final.content
+        elif kind == "speaker_failed":
+            self.finished.setdefault(event.speaker_failed.reply_id, None)
+
+    @property
+    def steps_left(self) -> list[PlanStep]:
+        """Planned steps without a final or failure yet."""
+        return [s for s in self.steps if s.reply_id not in self.finished]
+
+    @property
+    def finished_reply_ids(self) -> list[str]:
+        """Replies that are final (failed speakers excluded), in step order."""
+        return [s.reply_id for s in self.steps if self.finished.get(s.reply_id) is not None]
+
+    def plan_json(self) -> str:
+        """The plan as JSON, for the run registry."""
+        return json.dumps([asdict(s) for s in self.steps], ensure_ascii=False)
+
+
+def steps_from_json(data: str) -> list[PlanStep]:
+    """Plan steps read back from the run registry."""
+    return [PlanStep(**item) for item in json.loads(data or "[]")]

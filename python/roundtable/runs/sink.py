@@ -1,0 +1,74 @@
+"""The event sink of a run: numbering, write-ahead, fan-out, and delta coalescing.
+
+A durable event is committed to the event log before any stream sees it. Deltas are never
+stored: they are coalesced per reply over a short window and a size cap (a gRPC message
+costs the same for one token or a thousand) and carry the seq of the last durable event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from roundtable.api.convert import event_to_proto
+from roundtable.domain.events import AssistantDelta, Event
+from roundtable.runs.live import LiveRun
+from roundtable.store.base import RunStore, StoredEvent
+
+
+class RunSink:
+    """Implements `graph.context.EventSink` for one live run."""
+
+    def __init__(self, live: LiveRun, store: RunStore, *, first_seq: int = 0) -> None:
+        self.live = live
+        self.store = store
+        self.seq = first_seq
+        options = live.request.options
+        self._window = options.delta_window_s
+        self._max_bytes = options.delta_max_bytes
+        self._parts: list[str] = []
+        self._size = 0
+        self._reply = ""
+        self._attempt = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def emit(self, event: Event) -> None:
+        """Numbers the event, commits it to the log, then hands it to the streams."""
+        self.flush()
+        seq = self.seq + 1
+        proto = event_to_proto(self.live.record.run_id, seq, time.time(), event)
+        body = proto.SerializeToString()
+        kind = proto.WhichOneof("payload") or ""
+        record = self.live.record
+        await self.store.append_event(record.tenant, record.run_id, StoredEvent(seq, kind, body))
+        self.seq = seq
+        record.last_seq = seq
+        self.live.progress.observe(proto)
+        self.live.publish(proto, durable=True)
+
+    def delta(self, reply_id: str, text: str, attempt: int) -> None:
+        """Buffers streamed text; sends it when the window passes or the buffer is full."""
+        if self._parts and (reply_id != self._reply or attempt != self._attempt):
+            self.flush()
+        self._reply, self._attempt = reply_id, attempt
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size >= self._max_bytes:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._window, self.flush)
+
+    def flush(self) -> None:
+        """Sends the buffered text now (before any durable event, to keep order)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._parts:
+            return
+        text = "".join(self._parts)
+        self._parts.clear()
+        self._size = 0
+        event = AssistantDelta(reply_id=self._reply, text=text, attempt=self._attempt)
+        self.live.publish(
+            event_to_proto(self.live.record.run_id, self.seq, time.time(), event), durable=False
+        )

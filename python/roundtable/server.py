@@ -1,0 +1,175 @@
+"""The composition root: the one place that builds and wires everything.
+
+`serve(settings)` opens the store, builds the providers, the harness, the graph and the
+run manager, starts a grpc.aio server with the orchestrator, health and reflection
+services, and stops it gracefully on SIGTERM/SIGINT. Nothing is configured at import
+time; nothing is found through a global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from roundtable.api.limits import RequestLimits
+from roundtable.api.servicer import OrchestratorServicer
+from roundtable.domain.snapshot import Budgets
+from roundtable.graph.builder import build_conversation_graph
+from roundtable.harness.chain import Harness
+from roundtable.harness.policies import BreakerPolicy, HarnessPolicy, RetryPolicy, TimeoutPolicy
+from roundtable.models.base import ChatProvider
+from roundtable.models.langchain_provider import LangChainProvider
+from roundtable.models.offline import offline_factory
+from roundtable.models.openai_compat import build_openai_provider
+from roundtable.runs.manager import RunManager
+from roundtable.settings import Settings
+from roundtable.store.sqlite import SqliteRunStore, sqlite_path
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
+
+
+def build_providers(settings: Settings) -> dict[str, ChatProvider]:
+    """The model providers every server has."""
+    return {
+        "offline": LangChainProvider(
+            "offline",
+            offline_factory(default_token_delay_s=settings.offline_token_delay_ms / 1000),
+        ),
+        "openai": build_openai_provider(default_timeout_s=settings.model_timeout_seconds),
+    }
+
+
+def harness_policy(settings: Settings) -> HarnessPolicy:
+    """Harness policies from settings."""
+    return HarnessPolicy(
+        timeout=TimeoutPolicy(default_s=settings.model_timeout_seconds),
+        retry=RetryPolicy(
+            max_retries=settings.model_max_retries,
+            initial_backoff_s=settings.model_retry_backoff_seconds,
+        ),
+        breaker=BreakerPolicy(
+            failure_threshold=settings.breaker_failure_threshold,
+            cooldown_s=settings.breaker_cooldown_seconds,
+        ),
+    )
+
+
+def request_limits(settings: Settings) -> RequestLimits:
+    """Request limits from settings."""
+    return RequestLimits(
+        max_request_bytes=settings.max_request_bytes,
+        max_members=settings.max_members,
+        max_history=settings.max_history,
+        max_message_bytes=settings.max_message_bytes,
+    )
+
+
+def default_budgets(settings: Settings) -> Budgets:
+    """Budgets of a session that sets none."""
+    return Budgets(
+        max_speakers=settings.default_max_speakers,
+        max_rounds=settings.default_max_rounds,
+        max_output_tokens=settings.default_max_output_tokens,
+        run_timeout_s=settings.default_run_timeout_seconds,
+    )
+
+
+@dataclass(slots=True)
+class RunningServer:
+    """A started server: its address and the parts tests may look at."""
+
+    server: grpc.aio.Server
+    port: int
+    manager: RunManager
+    store: SqliteRunStore
+    health: HealthServicer
+    harness: Harness
+
+    @property
+    def address(self) -> str:
+        """host:port clients dial."""
+        return f"127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    settings: Settings, *, extra_providers: Mapping[str, ChatProvider] | None = None
+) -> AsyncIterator[RunningServer]:
+    """Builds everything, starts serving, and on exit drains runs and stops the server."""
+    store = await SqliteRunStore.open(sqlite_path(settings.store))
+    interrupted = await store.mark_interrupted()
+    if interrupted:
+        log.warning(
+            "marked %d run(s) left running by a previous process as interrupted", interrupted
+        )
+    providers = {**build_providers(settings), **(extra_providers or {})}
+    harness = Harness(providers, policy=harness_policy(settings))
+    manager = RunManager(store=store, graph=build_conversation_graph(), harness=harness)
+    limits = request_limits(settings)
+    server = grpc.aio.server(
+        options=[
+            # Leave room above our own limit so an oversized request gets our precise
+            # INVALID_ARGUMENT instead of the transport's RESOURCE_EXHAUSTED.
+            ("grpc.max_receive_message_length", limits.max_request_bytes + 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ]
+    )
+    pb_grpc.add_OrchestratorServiceServicer_to_server(
+        OrchestratorServicer(
+            manager, limits=limits, providers=providers.keys(), budgets=default_budgets(settings)
+        ),
+        server,
+    )
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    host, port = settings.host_port
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    running = RunningServer(server, bound, manager, store, health, harness)
+    try:
+        yield running
+    finally:
+        await health.enter_graceful_shutdown()
+        await manager.drain(settings.grace_seconds)
+        await server.stop(grace=1.0)
+        await store.close()
+
+
+async def serve(settings: Settings) -> None:
+    """Runs the sidecar until SIGTERM or SIGINT, then stops gracefully (exit code 0)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_server(settings) as running:
+        log.info(
+            "roundtable serving on %s:%d (store %s)",
+            settings.host_port[0],
+            running.port,
+            settings.store,
+        )
+        await stop.wait()
+        log.info("shutting down: draining %d live run(s)", running.manager.live_count)

@@ -1,0 +1,98 @@
+"""Server settings: defaults that run with nothing set, then ROUNDTABLE_* variables, then flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "ROUNDTABLE_"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Everything `roundtable serve` can be told. Each field is also `--flag` and `ROUNDTABLE_FLAG`."""
+
+    listen: str = "127.0.0.1:50051"
+    """host:port to listen on."""
+    store: str = "sqlite:///var/roundtable.db"
+    """Where runs and events live: sqlite:///path/to/file.db."""
+    grace_seconds: float = 10.0
+    """On SIGTERM/SIGINT: seconds live runs get to reach a speaker boundary."""
+    log_level: str = "INFO"
+    """Level of the application and audit logs."""
+    offline_token_delay_ms: float = 0.0
+    """Pause between the offline model's streamed tokens (0: as fast as possible)."""
+    model_timeout_seconds: float = 60.0
+    """Per-attempt model timeout when a model ref sets none."""
+    model_max_retries: int = 2
+    """Retries of transient model errors on one target."""
+    model_retry_backoff_seconds: float = 0.2
+    """First retry backoff; doubles per retry, with jitter."""
+    breaker_failure_threshold: int = 5
+    """Consecutive system failures that open a target's circuit breaker."""
+    breaker_cooldown_seconds: float = 30.0
+    """Seconds before an open breaker lets one probe through."""
+    max_request_bytes: int = 16 * 1024 * 1024
+    """Largest StartRunRequest accepted."""
+    max_members: int = 32
+    """Most members a snapshot may have."""
+    max_history: int = 10_000
+    """Most history messages a snapshot may have."""
+    max_message_bytes: int = 32 * 1024
+    """Largest user turn or history message."""
+    default_max_speakers: int = 8
+    """Speakers per turn when the session sets no budget."""
+    default_max_rounds: int = 2
+    """Supervisor rounds per turn when the session sets no budget."""
+    default_max_output_tokens: int = 512
+    """Output tokens per speaker when the session sets no budget."""
+    default_run_timeout_seconds: float = 600.0
+    """Wall-clock limit of a run when the session sets none."""
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """The listen address split into host and port."""
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _convert(field: dataclasses.Field[object], raw: str) -> object:
+    kind = type(field.default)
+    if kind is bool:
+        return raw.lower() in {"1", "true", "yes", "on"}
+    return kind(raw)
+
+
+def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Settings:
+    """Builds settings from defaults, the environment and command-line flags (in that order)."""
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(prog="roundtable serve", description="Run the sidecar.")
+    for f in fields(Settings):
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            default=None,
+            help=f"(env {ENV_PREFIX}{f.name.upper()}; default {f.default!r})",
+        )
+    args = parser.parse_args(list(argv))
+    values: dict[str, object] = {}
+    for f in fields(Settings):
+        raw = getattr(args, f.name)
+        if raw is None:
+            raw = env.get(f"{ENV_PREFIX}{f.name.upper()}")
+        if raw is not None:
+            try:
+                values[f.name] = _convert(f, raw)
+            except ValueError:
+                parser.error(
+                    f"--{f.name.replace('_', '-')}: not a valid {type(f.default).__name__}: {raw!r}"
+                )
+    settings = Settings(**values)  # type: ignore[arg-type]
+    try:
+        settings.host_port  # noqa: B018 (validates the address early)
+    except ValueError:
+        parser.error(f"--listen: expected host:port, got {settings.listen!r}")
+    return settings

@@ -1,0 +1,1 @@
+"""Durable storage: the run registry and the event log (and, by the root, the checkpointer)."""

@@ -1,0 +1,108 @@
+"""The store interface: a run registry and an append-only event log, keyed by tenant.
+
+SQLite is the embedded default; a Postgres store implements the same protocol for
+several replicas. Events are stored in their wire form (serialized `RunEvent`), so a
+replay sends exactly the bytes that were sent live, with the same `seq`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life (mirrors the contract's RunStatus)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+    CONTINUED = "continued"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the run has ended (a cancelled or interrupted run may still resume)."""
+        return self in _ENDED
+
+
+_ENDED = frozenset(
+    {
+        RunStatus.SUCCEEDED,
+        RunStatus.CANCELLED,
+        RunStatus.INTERRUPTED,
+        RunStatus.FAILED,
+        RunStatus.CONTINUED,
+    }
+)
+
+RESUMABLE = frozenset({RunStatus.CANCELLED, RunStatus.INTERRUPTED})
+
+
+@dataclass(slots=True, kw_only=True)
+class RunRecord:
+    """A run as the registry knows it."""
+
+    tenant: str
+    run_id: str
+    thread_id: str
+    fingerprint: str
+    status: RunStatus
+    created_at: float
+    updated_at: float
+    last_seq: int = 0
+    plan_json: str = "[]"
+    """The planned steps so far, as JSON (see runs.progress)."""
+    finished_reply_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One event of the log, in wire form."""
+
+    seq: int
+    kind: str
+    body: bytes
+
+
+class RunStore(Protocol):
+    """What the runs layer needs from storage. Every call commits before it returns."""
+
+    async def create_run(self, record: RunRecord) -> None:
+        """Registers a new run (fails if (tenant, run_id) exists)."""
+        ...
+
+    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
+        """The run, or None when this tenant has no such run."""
+        ...
+
+    async def update_run(self, record: RunRecord) -> None:
+        """Writes the run's status, plan, finished replies and last seq."""
+        ...
+
+    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
+        """Commits one event to the log (write ahead: before anyone hears of it)."""
+        ...
+
+    async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
+        """The run's events with seq > after_seq, in order."""
+        ...
+
+    async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
+        """The thread's most recent cancelled or interrupted run, if any."""
+        ...
+
+    async def mark_interrupted(self) -> int:
+        """Marks every run left `running` or `queued` as interrupted; returns how many."""
+        ...
+
+    async def count_rows(self) -> int:
+        """Rows in the registry and the log together (for tests and health)."""
+        ...
+
+    async def close(self) -> None:
+        """Releases connections."""
+        ...

@@ -1,0 +1,176 @@
+"""The OpenAI-compatible provider over real HTTP, against a local scripted server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from pydantic import BaseModel
+from roundtable.domain.errors import (
+    ModelError,
+    ModelRateLimited,
+    ModelRejected,
+    ModelTimeout,
+    ModelUnavailable,
+)
+from roundtable.domain.snapshot import ModelTarget
+from roundtable.models.base import ChatCall, ChatMessage, ChatResult
+from roundtable.models.openai_compat import build_openai_provider, map_openai_error
+from support.openai_server import Delay, Fail, OpenAITestServer, Reply, ToolCall
+
+API_KEY = "sk-test-4f9c2b7e1d"
+PROMPT = "What is the capital of Atlantis?"
+
+
+class Verdict(BaseModel):
+    score: int
+    reason: str
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[OpenAITestServer]:
+    async with OpenAITestServer() as srv:
+        yield srv
+
+
+def _target(server: OpenAITestServer) -> ModelTarget:
+    return ModelTarget(provider="openai", model="qwen-test", base_url=server.base_url)
+
+
+def _call(schema: type[BaseModel] | None = None) -> ChatCall:
+    messages = (ChatMessage("system", "Be brief."), ChatMessage("user", PROMPT))
+    return ChatCall(messages=messages, schema=schema)
+
+
+async def _complete(
+    server: OpenAITestServer,
+    call: ChatCall | None = None,
+    *,
+    timeout_s: float = 10.0,
+    on_text: list[str] | None = None,
+) -> ChatResult:
+    provider = build_openai_provider(default_timeout_s=timeout_s)
+    sink = on_text.append if on_text is not None else None
+    return await provider.complete(_target(server), call or _call(), api_key=API_KEY, on_text=sink)
+
+
+async def test_streams_text_in_chunks_with_usage_and_model_name(server: OpenAITestServer) -> None:
+    server.script(Reply(chunks=["The ", "capital ", "is ", "Poseidonis."], usage=(12, 4)))
+    chunks: list[str] = []
+
+    result = await _complete(server, on_text=chunks)
+
+    assert chunks == ["The ", "capital ", "is ", "Poseidonis."]
+    assert result.text == "The capital is Poseidonis."
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (12, 4)
+    assert result.model == "openai/qwen-test"
+    assert result.finish_reason == "stop"
+    (request,) = server.requests
+    assert request.body["stream"] is True
+    assert request.body["stream_options"] == {"include_usage": True}
+    assert request.body["model"] == "qwen-test"
+    assert request.messages[-1] == {"role": "user", "content": PROMPT}
+
+
+async def test_sends_the_api_key_as_bearer_token(server: OpenAITestServer) -> None:
+    await _complete(server)
+
+    assert server.requests[0].authorization == f"Bearer {API_KEY}"
+
+
+async def test_a_target_without_key_sends_a_placeholder(server: OpenAITestServer) -> None:
+    provider = build_openai_provider()
+
+    result = await provider.complete(_target(server), _call(), api_key=None, on_text=None)
+
+    assert result.text == f"echo: {PROMPT}"
+    authorization = server.requests[0].authorization
+    assert authorization is not None and authorization.startswith("Bearer ")
+
+
+async def test_structured_output_parses_the_tool_call_arguments(server: OpenAITestServer) -> None:
+    server.script(ToolCall(arguments={"score": 7, "reason": "plausible"}))
+
+    result = await _complete(server, _call(schema=Verdict))
+
+    assert result.parsed == Verdict(score=7, reason="plausible")
+    body = server.requests[0].body
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "Verdict"}}
+    assert [t["function"]["name"] for t in body["tools"]] == ["Verdict"]
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (500, ModelUnavailable),
+        (503, ModelUnavailable),
+        (429, ModelRateLimited),
+        (400, ModelRejected),
+    ],
+)
+async def test_http_errors_map_without_leaking_the_body(
+    server: OpenAITestServer, status: int, error: type[ModelError]
+) -> None:
+    # Real servers do echo keys and prompts in error messages.
+    server.script(Fail(status=status, message=f"bad key {API_KEY} for prompt {PROMPT}"))
+
+    with pytest.raises(error) as caught:
+        await _complete(server)
+
+    text = f"{caught.value!s} {caught.value!r} {caught.value.detail}"
+    assert API_KEY not in text
+    assert PROMPT not in text
+    assert str(status) in caught.value.detail
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
+    assert len(server.requests) == 1, "the SDK must not retry; the harness does"
+
+
+async def test_a_slow_server_times_out(server: OpenAITestServer) -> None:
+    server.script(Delay(seconds=2.0))
+
+    with pytest.raises(ModelTimeout):
+        await _complete(server, timeout_s=0.3)
+
+    assert len(server.requests) == 1
+
+
+async def test_an_unreachable_server_is_unavailable() -> None:
+    async with OpenAITestServer() as gone:
+        pass  # Closed again: its port now refuses connections.
+
+    with pytest.raises(ModelUnavailable):
+        await _complete(gone)
+
+
+async def test_cancelling_the_task_aborts_the_http_stream(server: OpenAITestServer) -> None:
+    server.script(Reply(chunks=[f"t{i} " for i in range(100)], token_delay_s=0.02))
+    seen: list[str] = []
+    two_seen = asyncio.Event()
+
+    def on_text(text: str) -> None:
+        seen.append(text)
+        if len(seen) >= 2:
+            two_seen.set()
+
+    provider = build_openai_provider()
+    task = asyncio.create_task(
+        provider.complete(_target(server), _call(), api_key=API_KEY, on_text=on_text)
+    )
+    await asyncio.wait_for(two_seen.wait(), 5.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    await asyncio.wait_for(server.disconnected.wait(), 2.0)
+    request = server.requests[0]
+    assert request.disconnected
+    sent = request.chunks_sent
+    await asyncio.sleep(0.1)
+    assert request.chunks_sent == sent < 100, "the server kept streaming after the cancel"
+
+
+def test_other_exceptions_are_not_model_errors() -> None:
+    assert map_openai_error(ValueError("boom")) is None
+    assert map_openai_error(asyncio.CancelledError()) is None

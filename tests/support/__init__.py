@@ -1,0 +1,1 @@
+"""Shared test helpers (real servers and fakes the test suites start)."""

@@ -1,0 +1,230 @@
+"""A real, scriptable OpenAI-compatible HTTP server for tests.
+
+It speaks just enough of `POST /v1/chat/completions` for ChatOpenAI: plain and SSE
+streaming answers, usage, and tool calls (what `with_structured_output` asks for).
+
+    async with OpenAITestServer() as server:
+        server.script(Reply(chunks=["Hel", "lo"]), Fail(status=500))
+        ...  # point a client at server.base_url
+        assert server.requests[0].authorization == "Bearer sk-test"
+
+Each request takes the next scripted step; once the script is empty the server echoes the
+last user message (`echo: <text>`). A step is `Reply`, `ToolCall`, `Fail` or `Delay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A text answer; streamed as `chunks` (default: `text` split after each word)."""
+
+    text: str = ""
+    chunks: tuple[str, ...] | list[str] | None = None
+    finish_reason: str = "stop"
+    usage: tuple[int, int] | None = None
+    """(prompt_tokens, completion_tokens); default: words in the prompt, chunks sent."""
+    token_delay_s: float | None = None
+    """Pause before each streamed chunk; default: the server's `token_delay_s`."""
+
+    def pieces(self) -> list[str]:
+        return list(self.chunks) if self.chunks is not None else re.findall(r"\S+\s*", self.text)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call answer; `name` defaults to the tool the request's `tool_choice` forces."""
+
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    name: str | None = None
+    usage: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """An HTTP error with an OpenAI-style error body carrying `message`."""
+
+    status: int
+    message: str = "scripted failure"
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Waits `seconds` before sending any byte, then answers with `then` (default reply)."""
+
+    seconds: float
+    then: Reply | ToolCall | Fail | None = None
+
+
+Step = Reply | ToolCall | Fail | Delay
+
+
+@dataclass
+class RecordedRequest:
+    """One request as the server saw it."""
+
+    body: dict[str, Any]
+    authorization: str | None
+    chunks_sent: int = 0
+    """Streamed `chat.completion.chunk`s written so far."""
+    disconnected: bool = False
+    """The client went away before the answer was complete."""
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages", []))
+
+
+class OpenAITestServer:
+    """Serves `/v1/chat/completions` on 127.0.0.1 (a free port) inside `async with`."""
+
+    def __init__(self, *, token_delay_s: float = 0.0) -> None:
+        self.token_delay_s = token_delay_s
+        self.requests: list[RecordedRequest] = []
+        self.disconnected = asyncio.Event()
+        """Set when any client drops a request mid-answer."""
+        self._script: deque[Step] = deque()
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    def script(self, *steps: Step) -> None:
+        """Queues answers for the next requests, in order."""
+        self._script.extend(steps)
+
+    async def __aenter__(self) -> OpenAITestServer:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        # handler_cancellation: a client hanging up cancels its handler, as in real servers.
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        record = RecordedRequest(body, request.headers.get("Authorization"))
+        self.requests.append(record)
+        step: Step | None = self._script.popleft() if self._script else None
+        try:
+            if isinstance(step, Delay):
+                await asyncio.sleep(step.seconds)
+                step = step.then
+            if step is None:
+                last_user = [m for m in record.messages if m.get("role") == "user"][-1:]
+                step = Reply(text="echo: " + (last_user[0]["content"] if last_user else ""))
+            if isinstance(step, Fail):
+                error = {"message": step.message, "type": "scripted_error", "code": None}
+                return web.json_response({"error": error}, status=step.status)
+            if body.get("stream"):
+                return await self._stream(request, record, step)
+            return web.json_response(_completion(body, step))
+        except (asyncio.CancelledError, ConnectionResetError):
+            record.disconnected = True
+            self.disconnected.set()
+            raise
+
+    async def _stream(
+        self, request: web.Request, record: RecordedRequest, step: Reply | ToolCall
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        body = record.body
+        delay = self.token_delay_s
+        deltas: list[dict[str, Any]]
+        if isinstance(step, Reply):
+            deltas = [{"content": piece} for piece in step.pieces()]
+            finish = step.finish_reason
+            delay = step.token_delay_s if step.token_delay_s is not None else delay
+        else:
+            call = _tool_call(body, step)
+            args = call["function"]["arguments"]
+            call["function"]["arguments"] = ""
+            # Arguments arrive in fragments, as real servers send them.
+            fragments = [args[i : i + 8] for i in range(0, len(args), 8)]
+            deltas = [{"tool_calls": [{"index": 0, **call}]}]
+            deltas += [
+                {"tool_calls": [{"index": 0, "function": {"arguments": f}}]} for f in fragments
+            ]
+            finish = "tool_calls"
+        frames = [_chunk(body, {"role": "assistant", "content": ""}, None)]
+        frames += [_chunk(body, delta, None) for delta in deltas]
+        frames.append(_chunk(body, {}, finish))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            frames.append({**_chunk(body, {}, None), "choices": [], "usage": _usage(body, step)})
+        for frame in frames:
+            if delay:
+                await asyncio.sleep(delay)
+            await response.write(f"data: {json.dumps(frame)}\n\n".encode())
+            record.chunks_sent += 1
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    return {**_envelope(body, "chat.completion.chunk"), "choices": [choice]}
+
+
+def _completion(body: dict[str, Any], step: Reply | ToolCall) -> dict[str, Any]:
+    if isinstance(step, Reply):
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": step.text or "".join(step.pieces()),
+        }
+        finish = step.finish_reason
+    else:
+        message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(body, step)]}
+        finish = "tool_calls"
+    choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+    return {**_envelope(body, "chat.completion"), "choices": [choice], "usage": _usage(body, step)}
+
+
+def _envelope(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test",
+        "object": kind,
+        "created": int(time.time()),
+        "model": body["model"],
+    }
+
+
+def _tool_call(body: dict[str, Any], step: ToolCall) -> dict[str, Any]:
+    name = step.name
+    if name is None:
+        choice = body.get("tool_choice")
+        forced = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        name = forced or body["tools"][0]["function"]["name"]
+    args = step.arguments if isinstance(step.arguments, str) else json.dumps(step.arguments)
+    return {"id": "call_test", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _usage(body: dict[str, Any], step: Reply | ToolCall) -> dict[str, int]:
+    if step.usage is not None:
+        prompt, completion = step.usage
+    else:
+        words = " ".join(str(m.get("content") or "") for m in body.get("messages", []))
+        prompt = len(words.split())
+        completion = len(step.pieces()) if isinstance(step, Reply) else 1
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
