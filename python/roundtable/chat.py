@@ -78,11 +78,12 @@ def render(event: epb.RunEvent, names: dict[str, str], out: TextIO) -> None:
         note = " [replaced]" if f.finish_reason == epb.FINISH_REASON_REPLACED else ""
         out.write(f"\n   ✓ {f.content}{note}\n")
     elif kind == "speaker_failed":
-        f = event.speaker_failed
-        out.write(f"\n   ✗ {names.get(f.member_id, f.member_id)} failed: {f.code}\n")
+        failed = event.speaker_failed
+        out.write(f"\n   ✗ {names.get(failed.member_id, failed.member_id)} failed: {failed.code}\n")
     elif kind == "memory_proposed":
-        for p in event.memory_proposed.proposals:
-            out.write(f"── memory for {names.get(p.member_id, p.member_id)}: {p.content}\n")
+        for proposal in event.memory_proposed.proposals:
+            who = names.get(proposal.member_id, proposal.member_id)
+            out.write(f"── memory for {who}: {proposal.content}\n")
     elif kind == "run_cancelled":
         out.write(
             f"── cancelled ({event.run_cancelled.reason}); {len(event.run_cancelled.steps_left)} step(s) left\n"

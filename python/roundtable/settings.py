@@ -63,7 +63,11 @@ def _convert(field: dataclasses.Field[object], raw: str) -> object:
     kind = type(field.default)
     if kind is bool:
         return raw.lower() in {"1", "true", "yes", "on"}
-    return kind(raw)
+    if kind is int:
+        return int(raw)
+    if kind is float:
+        return float(raw)
+    return raw
 
 
 def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Settings:

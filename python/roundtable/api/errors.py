@@ -32,7 +32,7 @@ STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
 def status_code_of(error: RoundtableError) -> grpc.StatusCode:
     """The status code of an error (its nearest mapped class; INTERNAL otherwise)."""
     for cls in type(error).__mro__:
-        code = STATUS_OF.get(cls)  # type: ignore[call-overload]
+        code = STATUS_OF.get(cls)
         if code is not None:
             return code
     return grpc.StatusCode.INTERNAL

@@ -36,10 +36,14 @@ class InvalidRequest(RoundtableError):
 
     def __init__(self, violations: list[FieldViolation]) -> None:
         self.violations = tuple(violations)
-        self.detail = ""
         super().__init__(
             f"{len(violations)} bad field(s): " + ", ".join(v.field for v in violations)
         )
+
+    @staticmethod
+    def violation(field: str, description: str) -> FieldViolation:
+        """Shorthand for one field violation."""
+        return FieldViolation(field, description)
 
 
 class RunAlreadyExists(RoundtableError):

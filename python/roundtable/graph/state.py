@@ -44,6 +44,7 @@ class ConversationState(TypedDict, total=False):
     replies: list[ReplyDict]
     round: int
     converged: bool
+    another_round: bool
     input_tokens: int
     output_tokens: int
 

@@ -76,8 +76,9 @@ class RetryLayer:
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (from 1)."""
-        base = min(self.policy.initial_backoff_s * 2 ** (retry - 1), self.policy.max_backoff_s)
-        return max(0.0, base * (1 + self.policy.jitter * (2 * self._rng.random() - 1)))
+        base = min(self.policy.initial_backoff_s * 2.0 ** (retry - 1), self.policy.max_backoff_s)
+        spread: float = self.policy.jitter * (2 * self._rng.random() - 1)
+        return max(0.0, base * (1 + spread))
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
         streamed = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
@@ -47,7 +48,7 @@ class LiveRun:
     subscribers: set[Subscription] = field(default_factory=set)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
-    graph_task: asyncio.Task[object] | None = None
+    graph_task: asyncio.Task[Any] | None = None
     immediate: bool = False
 
     @property

@@ -227,7 +227,7 @@ class RunManager:
                 self.graph.ainvoke({}, {"recursion_limit": 10_000}, context=context)
             )
             async with asyncio.timeout(request.snapshot.session.budgets.run_timeout_s):
-                state = await live.graph_task
+                state: dict[str, Any] = await live.graph_task
             await sink.emit(_completed(state, live.progress))
             status = RunStatus.SUCCEEDED
         except Drained as stop:

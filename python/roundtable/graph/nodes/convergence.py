@@ -18,7 +18,11 @@ from roundtable.graph.state import ConversationState
 async def convergence(
     state: ConversationState, runtime: Runtime[GraphContext]
 ) -> ConversationState:
-    """Decides whether the discussion has converged."""
+    """Decides whether another round is wanted and allowed.
+
+    `converged` stays the supervisor's own verdict, so a discussion cut short by its
+    budget is reported as not converged.
+    """
     budgets = runtime.context.request.snapshot.session.budgets
     more = (
         state.get("source") == PlanSource.SUPERVISOR.value
@@ -26,9 +30,9 @@ async def convergence(
         and state.get("round", 1) < budgets.max_rounds
         and len(state.get("steps", [])) < budgets.max_speakers
     )
-    return {"converged": not more}
+    return {"another_round": more}
 
 
 def next_after_convergence(state: ConversationState) -> Literal["supervisor", "propose_memory"]:
     """Another round, or on to memory proposals."""
-    return "propose_memory" if state.get("converged", True) else "supervisor"
+    return "supervisor" if state.get("another_round") else "propose_memory"

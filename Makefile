@@ -1,0 +1,72 @@
+# Roundtable: make run (serve with embedded defaults), make test (everything CI tests).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --warn-undefined-variables --no-builtin-rules
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS := $(CURDIR)/.tools/bin
+BUF := npx --yes @bufbuild/buf@1.75.0
+GO_TOOLS := $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
+ARGS ?=
+
+.PHONY: help run test lint generate checkgenerate breaking demo graph tools venv clean
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: python/pyproject.toml python/constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c python/constraints.txt -e "python[dev]"
+	@touch $@
+
+venv: $(VENV)/.installed ## Create the virtualenv and install the package with dev tools
+
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
+$(TOOLS)/grpcurl:
+	GOBIN=$(TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+
+tools: $(GO_TOOLS) ## Install the Go code generators and grpcurl into .tools/bin
+
+run: venv ## Serve on 127.0.0.1:50051 with a SQLite file under ./var and the offline model
+	$(VENV)/bin/roundtable serve $(ARGS)
+
+test: venv tools ## Run the whole test suite (real servers, real ports)
+	$(PY) -m pytest $(ARGS)
+
+generate: venv tools ## Regenerate Python and Go code from proto/
+	scripts/generate.sh
+
+checkgenerate: venv tools ## Fail when generated code is not what proto/ generates
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	scripts/generate.sh "$$tmp"; \
+	diff -r "$$tmp/python/roundtable/v1" python/roundtable/v1 -x __pycache__ && \
+	diff -r "$$tmp/clients/go/roundtable" clients/go/roundtable && \
+	echo "generated code is current"
+
+lint: venv ## buf lint + format, ruff, mypy
+	$(BUF) lint
+	$(BUF) format --diff --exit-code
+	$(VENV)/bin/ruff check python tests
+	$(VENV)/bin/ruff format --check python tests
+	$(VENV)/bin/mypy
+
+breaking: ## buf breaking check of proto/ against the previous commit
+	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \
+	  $(BUF) breaking --against '.git#ref=HEAD~1,subdir=proto' && echo "no breaking change against HEAD~1"; \
+	else echo "no previous commit to compare with"; fi
+
+graph: venv ## Print the conversation graph as Mermaid
+	$(VENV)/bin/roundtable graph
+
+demo: venv ## Start a sidecar, run a count-off, an @mention, an open discussion and a stop
+	scripts/demo.sh
+
+clean: ## Remove the venv, tools, databases and caches
+	rm -rf $(VENV) .tools var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,59 @@
+"""Shared fixtures: a real Roundtable server on a real port, and a client stub for it."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from roundtable.models.base import ChatProvider
+from roundtable.server import RunningServer, running_server
+from roundtable.settings import Settings
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+
+ServerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningServer]]
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """Settings for a test server: port 0, a fresh database, fast retries."""
+    base = Settings(
+        listen="127.0.0.1:0",
+        store=f"sqlite:///{tmp_path / 'roundtable.db'}",
+        model_retry_backoff_seconds=0.01,
+        grace_seconds=2.0,
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> ServerFactory:
+    """Starts a server with settings overrides and extra providers: `async with start_server() as s`."""
+
+    @contextlib.asynccontextmanager
+    async def start(
+        *, providers: Mapping[str, ChatProvider] | None = None, **overrides: Any
+    ) -> AsyncIterator[RunningServer]:
+        async with running_server(
+            make_settings(tmp_path, **overrides), extra_providers=providers
+        ) as s:
+            yield s
+
+    return start
+
+
+@pytest.fixture
+async def server(start_server: ServerFactory) -> AsyncIterator[RunningServer]:
+    """A server with the built-in providers only."""
+    async with start_server() as s:
+        yield s
+
+
+@pytest.fixture
+async def stub(server: RunningServer) -> AsyncIterator[pb_grpc.OrchestratorServiceStub]:
+    """A client of `server`, through the generated stub."""
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        yield pb_grpc.OrchestratorServiceStub(channel)

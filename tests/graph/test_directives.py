@@ -1,0 +1,93 @@
+"""Directive classification is code: the same text always gives the same directive."""
+
+from __future__ import annotations
+
+import pytest
+from roundtable.domain.plan import DirectiveKind
+from roundtable.domain.snapshot import Member, Memory, Session, SessionKind, Snapshot, UserTurn
+from roundtable.graph.countoff import check_count_off
+from roundtable.graph.directives import classify
+from roundtable.graph.memory_select import select_memories
+
+ROSTER = (
+    Member(member_id="a", display_name="Alice", aliases=("小爱",)),
+    Member(member_id="b", display_name="Bob"),
+    Member(member_id="c", display_name="Carol"),
+)
+
+
+def snap(
+    text: str, *, kind: SessionKind = SessionKind.GROUP, mentions=(), mention_all=False
+) -> Snapshot:
+    return Snapshot(
+        session=Session(kind=kind, primary_member_id="b"),
+        members=ROSTER,
+        history=(),
+        user_turn=UserTurn(text=text, mentions=tuple(mentions), mention_all=mention_all),
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "members"),
+    [
+        ("停止", DirectiveKind.STOP, ()),
+        ("stop!", DirectiveKind.STOP, ()),
+        ("@Alice stop", DirectiveKind.STOP, ()),
+        ("继续", DirectiveKind.CONTINUE, ()),
+        ("go on, please", DirectiveKind.CONTINUE, ()),
+        ("报数", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
+        ("大家报数！", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
+        ("Sound off!", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
+        ("@everyone hi", DirectiveKind.ALL, ("a", "b", "c")),
+        ("@全体成员 你好", DirectiveKind.ALL, ("a", "b", "c")),
+        ("@Carol then @小爱", DirectiveKind.MENTION, ("c", "a")),
+        ("@carol's view? and @CAROL again", DirectiveKind.MENTION, ("c",)),
+        ("where is the bus stop?", DirectiveKind.OPEN, ()),
+        ("email me at x@nobody.example", DirectiveKind.OPEN, ()),
+    ],
+)
+def test_group_directives(text, kind, members) -> None:
+    directive = classify(snap(text))
+    assert directive.kind is kind
+    assert directive.member_ids == members
+
+
+def test_explicit_mentions_come_first_and_the_flag_means_all() -> None:
+    assert classify(snap("and @Alice", mentions=["c"])).member_ids == ("c", "a")
+    assert classify(snap("hello", mention_all=True)).kind is DirectiveKind.ALL
+
+
+def test_single_chat_ignores_group_directives_but_not_stop() -> None:
+    assert classify(snap("报数", kind=SessionKind.SINGLE)).kind is DirectiveKind.SINGLE
+    assert classify(snap("停止", kind=SessionKind.SINGLE)).kind is DirectiveKind.STOP
+
+
+@pytest.mark.parametrize(
+    ("reply", "number", "problem"),
+    [
+        ("3", 3, ""),
+        ("3！", 3, ""),
+        ("第三", 3, ""),
+        ("Three... I mean 3.", 3, ""),
+        ("7", 3, "holds another number"),
+        ("3, 4", 3, "holds another number"),
+        ("I refuse.", 3, "misses its number"),
+        ("3 " + "and a long story " * 5, 3, "too long"),
+        ("１２", 12, ""),
+    ],
+)
+def test_count_off_check(reply, number, problem) -> None:
+    assert check_count_off(reply, number) == problem
+
+
+def test_memories_ranked_by_relevance_then_importance() -> None:
+    memories = [
+        Memory(memory_id="1", content="likes hiking in the alps", importance=0.9),
+        Memory(memory_id="2", content="prefers green tea", importance=0.2),
+        Memory(memory_id="3", content="drinks black tea at night", importance=0.5),
+        Memory(memory_id="4", content="has a cat", importance=0.1),
+    ]
+    chosen = select_memories(memories, "which tea should I drink?", top_k=2, max_chars=1000)
+    assert [m.memory_id for m in chosen] == ["3", "2"]
+    # Size-bounded: the 25-character memory does not fit in 20, the 17-character one does.
+    assert select_memories(memories, "tea", top_k=5, max_chars=20) == [memories[1]]

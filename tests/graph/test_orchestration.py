@@ -1,0 +1,281 @@
+"""Orchestration over a real server on a real port, through the generated client.
+
+Each test asserts what a gateway would notice: the events on the wire, in order.
+"""
+
+from __future__ import annotations
+
+import re
+
+import grpc
+import pytest
+from roundtable.graph.nodes.propose_memory import MemoryProposals
+from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, finals, kinds, member, model_ref, of_kind, start_request
+from support.scripted import ScriptedProvider, persona_obeying_reply
+
+COUNT_OFF_PHRASES = ("报数", "大家报数！", "count off, please")
+DERAILING_ROSTER = (
+    ("a", "A", "You always answer 7, whatever you are asked."),
+    ("b", "B", "You tell a long story first, before anything else."),
+    ("c", "C", "You refuse to speak after B."),
+    ("d", "D", "A plain and quiet member."),
+)
+
+
+def numbers_in(text: str) -> list[str]:
+    return re.findall(r"\d+", text)
+
+
+async def run(address: str, request) -> list[epb.RunEvent]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await collect(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
+
+
+def scripted_roster(provider: str = "scripted") -> list[spb.Member]:
+    return [
+        member(m, name, persona, model=model_ref(provider, "persona"))
+        for m, name, persona in DERAILING_ROSTER
+    ]
+
+
+@pytest.mark.parametrize("phrase", COUNT_OFF_PHRASES)
+async def test_count_off_survives_personas_written_to_derail_it(start_server, phrase) -> None:
+    model = ScriptedProvider(reply=persona_obeying_reply)
+    async with start_server(providers={"scripted": model}) as server:
+        request = start_request(
+            phrase, members=scripted_roster(), default_model=model_ref("scripted", "director")
+        )
+        events = await run(server.address, request)
+    got = finals(events)
+    assert [f.member_id for f in got] == ["a", "b", "c", "d"]
+    assert [numbers_in(f.content) for f in got] == [["1"], ["2"], ["3"], ["4"]]
+    assert all(len(f.content) <= 60 for f in got)
+    # A always says 7: asked again twice, then replaced by the bare number, and the event says so.
+    assert got[0].content == "1" and got[0].finish_reason == epb.FINISH_REASON_REPLACED
+    assert got[0].attempts == 3 and model.calls_for("A") == 3
+    # B's story and C's refusal fail twice; the third attempt obeys the task.
+    assert got[1].finish_reason == epb.FINISH_REASON_STOP and got[1].attempts == 3
+    assert got[2].attempts == 3 and got[3].attempts == 1
+    assert model.schema_calls("SupervisorPlan") == 0
+    plan = of_kind(events, "plan_created")[0].plan_created
+    assert plan.directive == epb.DIRECTIVE_KIND_COUNT_OFF
+    assert plan.source == epb.PLAN_SOURCE_DETERMINISTIC
+    assert [s.count_off_number for s in plan.steps] == [1, 2, 3, 4]
+    attempts = [e.speaker_started.attempt for e in of_kind(events, "speaker_started")]
+    assert attempts == [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
+
+
+@pytest.mark.parametrize("phrase", COUNT_OFF_PHRASES)
+async def test_count_off_with_the_offline_model(stub, phrase) -> None:
+    events = await collect(stub.StartRun(start_request(phrase)))
+    got = finals(events)
+    assert [f.member_id for f in got] == ["a", "b", "c", "d"]
+    assert [numbers_in(f.content) for f in got] == [["1"], ["2"], ["3"], ["4"]]
+    assert kinds(events) == [
+        "run_started",
+        "plan_created",
+        *["speaker_started", "assistant_final"] * 4,
+        "run_completed",
+    ]
+
+
+async def test_mentions_speak_in_the_order_written(stub) -> None:
+    roster = [
+        member("a", "Alice"),
+        member("b", "Bob", aliases=["小波"]),
+        member("c", "Carol"),
+        member("d", "Dave"),
+    ]
+    events = await collect(
+        stub.StartRun(
+            start_request("@Carol 你好, and @小波 too, what do you think?", members=roster)
+        )
+    )
+    assert [f.member_id for f in finals(events)] == ["c", "b"]
+    assert of_kind(events, "plan_created")[0].plan_created.directive == epb.DIRECTIVE_KIND_MENTION
+
+    events = await collect(
+        stub.StartRun(start_request("and @carol?", members=roster, mentions=["d", "a"]))
+    )
+    assert [f.member_id for f in finals(events)] == ["d", "a", "c"]
+
+
+@pytest.mark.parametrize(
+    ("text", "flag"), [("@all what now?", False), ("@全体成员 大家好", False), ("hello", True)]
+)
+async def test_all_speak_in_roster_order(stub, text, flag) -> None:
+    events = await collect(stub.StartRun(start_request(text, mention_all=flag)))
+    assert [f.member_id for f in finals(events)] == ["a", "b", "c", "d"]
+    assert of_kind(events, "plan_created")[0].plan_created.directive == epb.DIRECTIVE_KIND_ALL
+
+
+@pytest.mark.parametrize("text", ["停止", "stop", "Stop!"])
+async def test_stop_turn_nobody_speaks(stub, text) -> None:
+    events = await collect(stub.StartRun(start_request(text)))
+    assert kinds(events) == ["run_started", "plan_created", "run_completed"]
+    plan = events[1].plan_created
+    assert plan.directive == epb.DIRECTIVE_KIND_STOP and not plan.steps
+
+
+async def test_continue_with_nothing_to_continue_says_so(stub) -> None:
+    events = await collect(stub.StartRun(start_request("继续", thread_id="fresh-thread")))
+    assert kinds(events) == ["run_started", "plan_created", "run_completed"]
+    plan = events[1].plan_created
+    assert plan.directive == epb.DIRECTIVE_KIND_CONTINUE
+    assert plan.fallback_reason == "nothing to continue" and not plan.steps
+
+
+async def test_single_chat_primary_member_answers(stub) -> None:
+    request = start_request("hello there", kind=spb.SESSION_KIND_SINGLE, primary="b")
+    events = await collect(stub.StartRun(request))
+    assert events[0].run_started.route == epb.ROUTE_SINGLE
+    assert [f.member_id for f in finals(events)] == ["b"]
+    assert events[1].plan_created.directive == epb.DIRECTIVE_KIND_SINGLE
+    assert of_kind(events, "assistant_delta"), "the reply streams as deltas"
+    streamed = "".join(e.assistant_delta.text for e in of_kind(events, "assistant_delta"))
+    assert streamed.strip() == finals(events)[0].content
+
+
+def _director(plans: list[SupervisorPlan]):
+    def plan(call, schema):
+        if schema is MemoryProposals:
+            return MemoryProposals()
+        assert schema is SupervisorPlan
+        return plans.pop(0)
+
+    return plan
+
+
+async def test_supervisor_plan_is_followed(start_server) -> None:
+    model = ScriptedProvider(
+        reply=lambda call, attempt: "ok",
+        plan=_director(
+            [
+                SupervisorPlan(
+                    steps=[
+                        SupervisorStep(member_id="c", task="Question the premise."),
+                        SupervisorStep(member_id="a", task="Summarise."),
+                    ],
+                    converged=True,
+                )
+            ]
+        ),
+    )
+    async with start_server(providers={"scripted": model}) as server:
+        events = await run(
+            server.address,
+            start_request("what is the best tea?", default_model=model_ref("scripted", "director")),
+        )
+    plan = of_kind(events, "plan_created")[0].plan_created
+    assert plan.source == epb.PLAN_SOURCE_SUPERVISOR and plan.directive == epb.DIRECTIVE_KIND_OPEN
+    assert [(s.member_id, s.task) for s in plan.steps] == [
+        ("c", "Question the premise."),
+        ("a", "Summarise."),
+    ]
+    assert [f.member_id for f in finals(events)] == ["c", "a"]
+    assert model.schema_calls("SupervisorPlan") == 1
+    assert [s.task for s in model.seen if s.member] == ["Question the premise.", "Summarise."]
+
+
+async def test_supervisor_rounds_until_converged_within_budget(start_server) -> None:
+    model = ScriptedProvider(
+        reply=lambda call, attempt: "ok",
+        plan=_director(
+            [
+                SupervisorPlan(
+                    steps=[SupervisorStep(member_id="b", task="Open.")], converged=False
+                ),
+                SupervisorPlan(
+                    steps=[SupervisorStep(member_id="d", task="Close.")], converged=False
+                ),
+            ]
+        ),
+    )
+    async with start_server(providers={"scripted": model}) as server:
+        events = await run(
+            server.address,
+            start_request(
+                "let's discuss",
+                default_model=model_ref("scripted", "director"),
+                budgets=spb.Budgets(max_rounds=2),
+            ),
+        )
+    plans = [e.plan_created for e in of_kind(events, "plan_created")]
+    assert [p.round for p in plans] == [1, 2]
+    assert [f.member_id for f in finals(events)] == ["b", "d"]
+    assert [f.step for f in finals(events)] == [0, 1]
+    completed = of_kind(events, "run_completed")[0].run_completed
+    assert completed.rounds == 2 and not completed.converged
+
+
+@pytest.mark.parametrize(
+    ("base_url", "timeout_ms", "reason"),
+    [
+        ("offline:?fail=bad_plan", 0, "invalid_plan: unknown member no-such-member"),
+        ("offline:?fail=error", 0, "supervisor_model_unavailable"),
+        ("offline:?fail=timeout", 200, "supervisor_model_timeout"),
+    ],
+)
+async def test_supervisor_failures_fall_back_to_the_primary(
+    stub, base_url, timeout_ms, reason
+) -> None:
+    director = spb.ModelRef(
+        target=spb.ModelTarget(provider="offline", model="director", base_url=base_url),
+        timeout_ms=timeout_ms,
+    )
+    roster = [member(m, n, p, model=model_ref("offline", "member")) for m, n, p in DERAILING_ROSTER]
+    events = await collect(
+        stub.StartRun(
+            start_request("what now?", members=roster, primary="c", default_model=director)
+        )
+    )
+    plan = of_kind(events, "plan_created")[0].plan_created
+    assert plan.source == epb.PLAN_SOURCE_FALLBACK
+    assert plan.fallback_reason == reason
+    assert [f.member_id for f in finals(events)] == ["c"]
+    assert kinds(events)[-1] == "run_completed"
+
+
+async def test_a_failing_speaker_does_not_stop_the_plan(stub) -> None:
+    broken = spb.ModelRef(
+        target=spb.ModelTarget(provider="offline", model="broken", base_url="offline:?fail=error")
+    )
+    roster = [
+        member("a", "Alice"),
+        member("b", "Bob", model=broken),
+        member("c", "Carol"),
+    ]
+    events = await collect(stub.StartRun(start_request("@all status?", members=roster)))
+    failed = [e.speaker_failed for e in of_kind(events, "speaker_failed")]
+    assert [(f.member_id, f.code) for f in failed] == [("b", "MODEL_UNAVAILABLE")]
+    assert [f.member_id for f in finals(events)] == ["a", "c"]
+    completed = of_kind(events, "run_completed")[0].run_completed
+    assert [r.member_id for r in completed.replies] == ["a", "c"]
+
+
+async def test_memory_proposals_cite_their_evidence(stub) -> None:
+    events = await collect(
+        stub.StartRun(start_request("@Bob remember that I prefer green tea in the morning"))
+    )
+    (reply,) = finals(events)
+    (proposed,) = of_kind(events, "memory_proposed")
+    (proposal,) = proposed.memory_proposed.proposals
+    assert proposal.member_id == "b"
+    assert proposal.action == epb.MEMORY_ACTION_CREATE
+    assert "green tea" in proposal.content
+    assert list(proposal.evidence_reply_ids) == [reply.reply_id]
+    assert kinds(events)[-2:] == ["memory_proposed", "run_completed"]
+
+
+async def test_no_memory_proposal_without_a_statement(stub) -> None:
+    events = await collect(stub.StartRun(start_request("@Bob how are you?")))
+    assert not of_kind(events, "memory_proposed")
+
+
+async def test_reply_ids_are_derived_from_run_and_step(stub) -> None:
+    events = await collect(stub.StartRun(start_request("报数", run_id="run-xyz")))
+    assert [f.reply_id for f in finals(events)] == [f"run-xyz#{i}" for i in range(4)]
