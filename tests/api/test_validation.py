@@ -15,7 +15,6 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
-
 from roundtable.api.limits import RequestLimits
 from roundtable.api.validation import validate_start_run
 from roundtable.harness.audit import AUDIT_LOGGER
@@ -105,7 +104,10 @@ def _unknown_provider() -> pb.StartRunRequest:
 def _missing_credential() -> pb.StartRunRequest:
     return start_request(
         "hello",
-        members=[member("a", "Alice"), member("b", "Bob", model=model_ref("openai", "gpt", credential_ref="vault-b"))],
+        members=[
+            member("a", "Alice"),
+            member("b", "Bob", model=model_ref("openai", "gpt", credential_ref="vault-b")),
+        ],
         credentials={"vault-a": "sk-secret-value"},
     )
 

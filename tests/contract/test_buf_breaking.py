@@ -72,7 +72,7 @@ def violations(output: str) -> list[dict[str, object]]:
 
 
 def test_breaking_fails_on_a_removed_field(buf, tmp_path: Path) -> None:
-    before = copy_contract(tmp_path / "before")
+    copy_contract(tmp_path / "before")
     after = copy_contract(tmp_path / "after")
     events = after / "proto" / "roundtable" / "v1" / "events.proto"
     remove_field(events, "AssistantFinal", "string content = 4;")

@@ -67,7 +67,7 @@ async def test_500_twice_then_200_succeeds_with_three_audit_lines(caplog) -> Non
     result = await harness(provider).call(request())
     assert result.text == "ok" and provider.calls == ["primary"] * 3
     lines = audit_lines(caplog)
-    assert [(l["attempt"], l["status"]) for l in lines] == [
+    assert [(line["attempt"], line["status"]) for line in lines] == [
         (1, "error"),
         (2, "error"),
         (3, "success"),
@@ -117,7 +117,7 @@ async def test_timeouts_are_retried_then_fail_over(caplog) -> None:
     result = await h.call(request(BACKUP))
     assert result.model == "fake/backup"
     assert provider.calls == ["primary"] * 3 + ["backup"]
-    assert [l["status"] for l in audit_lines(caplog)] == ["timeout"] * 3 + ["success"]
+    assert [line["status"] for line in audit_lines(caplog)] == ["timeout"] * 3 + ["success"]
 
 
 async def test_breaker_opens_skips_the_target_and_a_half_open_probe_closes_it() -> None:

@@ -253,7 +253,7 @@ class OfflineChatModel(BaseChatModel):
         persona = secs.get(sections.PERSONA, "")
         voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
         topic = last_user.split(sections.TASK)[0].strip().splitlines()
-        subject = (topic[0] if topic else task)[:80]
+        subject = re.sub(r"@\S+\s*", "", topic[0] if topic else task).strip()[:80] or task[:80]
         seed = _seed(name, subject)
         reply = f"{_OPENERS[seed % len(_OPENERS)]} about \u201c{subject}\u201d: "
         reply += _STANCES[(seed // 7) % len(_STANCES)]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# make demo: starts a sidecar (offline model, a throwaway database), runs a count-off,
+# an @mention, an open discussion and a stop, then shuts it down.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+rt=$root/.venv/bin/roundtable
+py=$root/.venv/bin/python
+work=$(mktemp -d)
+port=${DEMO_PORT:-50151}
+target=127.0.0.1:$port
+
+"$rt" serve --listen "$target" --store "sqlite:///$work/demo.db" --offline-token-delay-ms 15 \
+  --log-level WARNING 2>"$work/serve.log" &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$work"' EXIT
+
+"$py" - "$target" <<'PY'
+import sys, time, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+deadline = time.time() + 30
+while True:
+    try:
+        with grpc.insecure_channel(sys.argv[1]) as ch:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+            if r.status == health_pb2.HealthCheckResponse.SERVING:
+                break
+    except grpc.RpcError:
+        if time.time() > deadline:
+            sys.exit("sidecar did not become healthy")
+        time.sleep(0.2)
+PY
+
+echo "== count-off"; "$rt" chat --target "$target" --thread demo-1 "大家报数！"
+echo; echo "== @mention"; "$rt" chat --target "$target" --thread demo-2 "@Mei @Kai what do you make of this? Remember that I prefer short answers."
+echo; echo "== open discussion"; "$rt" chat --target "$target" --thread demo-3 "Should we learn to brew tea or build a robot this weekend?"
+echo; echo "== stop (a second turn on the same thread stops the live one at its next speaker)"
+"$rt" chat --target "$target" --thread demo-4 "@all tell me about your day" &
+talk=$!
+sleep 0.6
+"$rt" chat --target "$target" --thread demo-4 "停止"
+wait $talk
