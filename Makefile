@@ -30,7 +30,7 @@ $(TOOLS)/protoc-gen-go:
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
 $(TOOLS)/grpcurl:
-	GOBIN=$(TOOLS) go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+	GOBIN=$(TOOLS) go install -ldflags "-X main.version=v1.9.3" github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
 
 tools: $(GO_TOOLS) ## Install the Go code generators and grpcurl into .tools/bin
 

@@ -117,7 +117,12 @@ async def running_server(
         )
     providers = {**build_providers(settings), **(extra_providers or {})}
     harness = Harness(providers, policy=harness_policy(settings))
-    manager = RunManager(store=store, graph=build_conversation_graph(), harness=harness)
+    manager = RunManager(
+        store=store,
+        graph=build_conversation_graph(store.checkpointer),
+        harness=harness,
+        durability=settings.checkpoint_durability,
+    )
     limits = request_limits(settings)
     server = grpc.aio.server(
         options=[

@@ -19,6 +19,9 @@ class Settings:
     """host:port to listen on."""
     store: str = "sqlite:///var/roundtable.db"
     """Where runs and events live: sqlite:///path/to/file.db."""
+    checkpoint_durability: str = "async"
+    """LangGraph checkpoint durability: async or sync (a checkpoint every super-step, so at
+    every speaker boundary), or exit (one at the end; the event log still makes resume exact)."""
     grace_seconds: float = 10.0
     """On SIGTERM/SIGINT: seconds live runs get to reach a speaker boundary."""
     log_level: str = "INFO"
@@ -95,6 +98,8 @@ def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None
                     f"--{f.name.replace('_', '-')}: not a valid {type(f.default).__name__}: {raw!r}"
                 )
     settings = Settings(**values)  # type: ignore[arg-type]
+    if settings.checkpoint_durability not in {"async", "sync", "exit"}:
+        parser.error("--checkpoint-durability: expected async, sync or exit")
     try:
         settings.host_port  # noqa: B018 (validates the address early)
     except ValueError:

@@ -42,10 +42,15 @@ from roundtable.v1 import snapshot_pb2 as spb
 # -- inbound ------------------------------------------------------------------------------
 
 
-def fingerprint(snapshot: spb.Snapshot) -> str:
-    """A stable hash of the snapshot as sent (deterministic serialization)."""
-    data = snapshot.SerializeToString(deterministic=True)
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+def fingerprint(thread_id: str, snapshot: spb.Snapshot) -> str:
+    """A stable hash of what makes a run the same run: its thread and its snapshot as sent.
+
+    Credentials and options are left out: a retry may carry a rotated key or ask for
+    different streaming, and is still the same turn.
+    """
+    digest = hashlib.blake2b(thread_id.encode("utf-8") + b"\0", digest_size=16)
+    digest.update(snapshot.SerializeToString(deterministic=True))
+    return digest.hexdigest()
 
 
 def run_request_from_proto(
@@ -67,7 +72,7 @@ def run_request_from_proto(
             request.snapshot, limits=limits, defaults=defaults, overrides=overrides
         ),
         options=options_from_proto(request.options),
-        fingerprint=fingerprint(request.snapshot),
+        fingerprint=fingerprint(request.context.thread_id, request.snapshot),
     )
 
 

@@ -65,6 +65,12 @@ class Prior:
     finished: Mapping[str, str | None] = field(default_factory=dict)
     """reply_id -> content of replies already final, or None for speakers that failed."""
     rounds: int = 0
+    memory_proposed: bool = False
+    """Whether memory_proposed is already in the log (it is not emitted twice)."""
+
+    def planned(self, round_no: int) -> list[PlanStep]:
+        """The steps of a round already planned (and announced) by an earlier execution."""
+        return [s for s in self.steps if s.round == round_no]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roundtable.domain.errors import ModelError, ModelRejected
+from roundtable.domain.errors import ModelRejected
 from roundtable.harness.audit import Auditor
 from roundtable.harness.breaker import BreakerBoard
 from roundtable.harness.layers import (

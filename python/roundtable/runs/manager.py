@@ -14,7 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from roundtable.domain.errors import Draining, RunAlreadyExists, RunNotFound, ThreadBusy
+from roundtable.domain.errors import (
+    Draining,
+    RunAlreadyExists,
+    RunNotFound,
+    StreamGap,
+    ThreadBusy,
+)
 from roundtable.domain.events import (
     ReplySummary,
     RunCancelled,
@@ -42,6 +48,13 @@ from roundtable.v1 import events_pb2 as epb
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_REASON = "server_shutdown"
+
+
+def checkpoint_thread(tenant: str, run_id: str) -> str:
+    """The LangGraph checkpoint thread of a run: one per (tenant, run)."""
+    return f"{tenant}/{run_id}"
+
 
 @dataclass(frozen=True, slots=True)
 class CancelResult:
@@ -62,11 +75,13 @@ class RunManager:
         graph: Any,
         harness: Harness,
         graph_settings: GraphSettings | None = None,
+        durability: str = "async",
     ) -> None:
         self.store = store
         self.graph = graph
         self.harness = harness
         self.graph_settings = graph_settings or GraphSettings()
+        self.durability = durability
         self._live: dict[tuple[str, str], LiveRun] = {}
         self._threads: dict[tuple[str, str], LiveRun] = {}
         self._lock = asyncio.Lock()
@@ -219,12 +234,24 @@ class RunManager:
                     steps=tuple(live.progress.steps),
                     finished=dict(live.progress.finished),
                     rounds=live.progress.rounds,
+                    memory_proposed=live.progress.memory_proposed,
                 ),
                 continuation=continuation,
                 settings=self.graph_settings,
             )
+            config = {
+                "configurable": {"thread_id": checkpoint_thread(record.tenant, record.run_id)},
+                "recursion_limit": 10_000,
+            }
+            graph_input: dict[str, Any] | None = {}
+            if resumed:
+                # Continue from the last checkpoint when there is one; the event log (in
+                # the context) still decides which speakers are finished.
+                checkpoint = await self.graph.aget_state(config)
+                if checkpoint.next:
+                    graph_input = None
             live.graph_task = asyncio.create_task(
-                self.graph.ainvoke({}, {"recursion_limit": 10_000}, context=context)
+                self.graph.ainvoke(graph_input, config, context=context, durability=self.durability)
             )
             async with asyncio.timeout(request.snapshot.session.budgets.run_timeout_s):
                 state: dict[str, Any] = await live.graph_task
@@ -232,7 +259,11 @@ class RunManager:
             status = RunStatus.SUCCEEDED
         except Drained as stop:
             await sink.emit(_cancelled(stop.reason, live.progress))
-            status = RunStatus.CANCELLED
+            # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
+            # same StartRun comes again, on this server or the next.
+            status = (
+                RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
+            )
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -291,7 +322,12 @@ class RunManager:
         record = await self.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
+        if after_seq > record.last_seq:
+            raise StreamGap(f"after_seq {after_seq} is past the run's last seq {record.last_seq}")
         events = await self.store.read_events(tenant, run_id, after_seq)
+        if [e.seq for e in events] != list(range(after_seq + 1, record.last_seq + 1)):
+            # Never skip silently: a gap means the log lost events the caller has not seen.
+            raise StreamGap(f"the event log of run {run_id!r} is missing events")
         return Subscription([epb.RunEvent.FromString(e.body) for e in events], ended=True)
 
     def unsubscribe(self, tenant: str, run_id: str, sub: Subscription) -> None:
@@ -342,7 +378,7 @@ class RunManager:
         self._draining = True
         runs = list(self._live.values())
         for live in runs:
-            live.stop.request("server_shutdown")
+            live.stop.request(SHUTDOWN_REASON)
         tasks = [live.task for live in runs if live.task is not None]
         if not tasks:
             return

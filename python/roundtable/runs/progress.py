@@ -23,6 +23,7 @@ class Progress:
     """reply_id -> final content, or None when the speaker failed."""
     rounds: int = 0
     plan_events: int = 0
+    memory_proposed: bool = False
 
     def observe(self, event: epb.RunEvent) -> None:
         """Updates the progress with one durable event."""
@@ -38,6 +39,8 @@ class Progress:
             self.finished[event.assistant_final.reply_id] = event.assistant_final.content
         elif kind == "speaker_failed":
             self.finished.setdefault(event.speaker_failed.reply_id, None)
+        elif kind == "memory_proposed":
+            self.memory_proposed = True
 
     @property
     def steps_left(self) -> list[PlanStep]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
 
 class RunStatus(StrEnum):
     """Where a run is in its life (mirrors the contract's RunStatus)."""
@@ -71,6 +73,11 @@ class StoredEvent:
 class RunStore(Protocol):
     """What the runs layer needs from storage. Every call commits before it returns."""
 
+    @property
+    def checkpointer(self) -> BaseCheckpointSaver[str]:
+        """LangGraph's checkpoint saver, in the same database."""
+        ...
+
     async def create_run(self, record: RunRecord) -> None:
         """Registers a new run (fails if (tenant, run_id) exists)."""
         ...
@@ -100,7 +107,7 @@ class RunStore(Protocol):
         ...
 
     async def count_rows(self) -> int:
-        """Rows in the registry and the log together (for tests and health)."""
+        """Rows in the registry, the log and the checkpoint tables together (for tests)."""
         ...
 
     async def close(self) -> None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import aiosqlite
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 
@@ -83,15 +84,19 @@ _COLUMNS = (
 class SqliteRunStore:
     """Run registry and event log in SQLite. Autocommit: each statement is its own commit."""
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, checkpointer: AsyncSqliteSaver) -> None:
         self.conn = conn
+        self.checkpointer = checkpointer
+        """LangGraph's saver on the same connection: one file, one writer thread."""
 
     @classmethod
     async def open(cls, path: Path) -> SqliteRunStore:
-        """Opens (and creates) the store in a database file."""
+        """Opens (and creates) the store and the checkpoint tables in a database file."""
         conn = await connect_sqlite(path)
         await conn.executescript(_SCHEMA)
-        return cls(conn)
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        return cls(conn, saver)
 
     async def create_run(self, record: RunRecord) -> None:
         await self.conn.execute(
@@ -168,6 +173,7 @@ class SqliteRunStore:
     async def count_rows(self) -> int:
         async with self.conn.execute(
             "SELECT (SELECT COUNT(*) FROM rt_runs) + (SELECT COUNT(*) FROM rt_events)"
+            " + (SELECT COUNT(*) FROM checkpoints) + (SELECT COUNT(*) FROM writes)"
         ) as cursor:
             row = await cursor.fetchone()
         return int(row[0]) if row else 0

@@ -216,8 +216,9 @@ func (x *RunContext) GetTenant() string {
 // know about the conversation. Roundtable never reads the gateway's database;
 // what is not in the snapshot does not exist for the run.
 //
-// The same run_id must always come with the same snapshot: Roundtable keeps a
-// fingerprint of it and answers ALREADY_EXISTS when it differs.
+// The same run_id must always come with the same snapshot and thread_id:
+// Roundtable keeps a fingerprint of both and answers ALREADY_EXISTS when they
+// differ.
 type Snapshot struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session: chat kind, primary member, default model and budgets.
@@ -227,8 +228,9 @@ type Snapshot struct {
 	// this order). 1 to 32 members; member ids must be unique. A SINGLE session
 	// needs only its primary member here.
 	Members []*Member `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
-	// Recent history, oldest first, at most 10,000 messages. Roundtable puts
-	// the most recent ones that fit a speaker's prompt into it.
+	// Recent history, oldest first, at most 10,000 messages. Roundtable reads
+	// (and validates) only the most recent 64; older ones are counted against
+	// this limit and the request size, and never read.
 	History []*HistoryMessage `protobuf:"bytes,3,rep,name=history,proto3" json:"history,omitempty"`
 	// The new user turn this run answers. Required.
 	UserTurn      *UserTurn `protobuf:"bytes,4,opt,name=user_turn,json=userTurn,proto3" json:"user_turn,omitempty"`

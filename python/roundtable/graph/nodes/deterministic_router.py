@@ -66,6 +66,9 @@ async def deterministic_router(
 ) -> ConversationState:
     """Builds and announces the plan of a deterministic directive."""
     ctx = runtime.context
+    if ctx.prior.planned(1):
+        # An earlier execution announced this plan; the log has it. Never plan twice.
+        return {"steps": [step_to_dict(s) for s in ctx.prior.steps], "round": 1, "converged": True}
     steps, reason = deterministic_steps(ctx)
     continued = ctx.directive.kind is DirectiveKind.CONTINUE and ctx.continuation is not None
     await ctx.sink.emit(

@@ -16,7 +16,7 @@ from langgraph.runtime import Runtime
 
 from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.member import speak
-from roundtable.graph.state import ConversationState, StepDict, step_from_dict
+from roundtable.graph.state import ConversationState, ReplyDict, StepDict, step_from_dict
 
 
 def _next_open(steps: list[StepDict], done: set[str], cursor: int) -> int:
@@ -25,14 +25,38 @@ def _next_open(steps: list[StepDict], done: set[str], cursor: int) -> int:
     return cursor
 
 
+def _logged_replies(state: ConversationState, ctx: GraphContext) -> list[ReplyDict]:
+    """State replies plus any the event log has and the checkpoint missed.
+
+    A checkpoint is written a little after a speaker's final is committed to the log; a
+    crash in between must not make that speaker speak twice.
+    """
+    replies = list(state.get("replies", []))
+    have = {r["reply_id"] for r in replies}
+    for step in state.get("steps", []):
+        rid = step["reply_id"]
+        if rid in ctx.prior.finished and rid not in have:
+            content = ctx.prior.finished[rid]
+            replies.append(
+                ReplyDict(
+                    reply_id=rid,
+                    member_id=step["member_id"],
+                    step=step["index"],
+                    content=content or "",
+                    failed=content is None,
+                )
+            )
+    return replies
+
+
 async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> ConversationState:
     """Runs the next unfinished speaker of the plan."""
     ctx = runtime.context
     steps = state.get("steps", [])
-    replies = state.get("replies", [])
-    cursor = _next_open(steps, {r["reply_id"] for r in replies}, state.get("cursor", 0))
+    replies = _logged_replies(state, ctx)
+    cursor = _next_open(steps, {r["reply_id"] for r in replies}, 0)
     if cursor >= len(steps):
-        return {"cursor": cursor}
+        return {"cursor": cursor, "replies": replies}
     await asyncio.sleep(0)
     if ctx.stop.requested:
         raise Drained(ctx.stop.reason)
@@ -49,6 +73,6 @@ def next_after_dispatch(state: ConversationState) -> Literal["dispatch", "conver
     """Loop while a planned speaker has not spoken."""
     steps = state.get("steps", [])
     done = {r["reply_id"] for r in state.get("replies", [])}
-    if _next_open(steps, done, state.get("cursor", 0)) < len(steps):
+    if _next_open(steps, done, 0) < len(steps):
         return "dispatch"
     return "convergence"

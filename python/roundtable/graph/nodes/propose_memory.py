@@ -91,7 +91,7 @@ async def propose_memory(
     """Asks the default model for memory proposals and emits the valid ones."""
     ctx = runtime.context
     replies = [r for r in state.get("replies", []) if not r["failed"]]
-    if state.get("directive") in _NOTHING_TO_REMEMBER or not replies:
+    if state.get("directive") in _NOTHING_TO_REMEMBER or not replies or ctx.prior.memory_proposed:
         return {}
     snapshot = ctx.request.snapshot
     ref = snapshot.session.default_model

@@ -76,6 +76,16 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
     round_no = state.get("round", 0) + 1
     speakers_left = max(0, budgets.max_speakers - len(steps_so_far))
     replies = state.get("replies", [])
+    already = ctx.prior.planned(round_no)
+    if already:
+        # This round's plan is in the log from an earlier execution: no second model call,
+        # no second plan_created.
+        return {
+            "steps": [*steps_so_far, *(step_to_dict(s) for s in already)],
+            "round": round_no,
+            "converged": True,
+            "source": PlanSource.SUPERVISOR.value,
+        }
     ref = snapshot.session.default_model
     reason = ""
     plan: SupervisorPlan | None = None
