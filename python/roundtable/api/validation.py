@@ -84,7 +84,9 @@ def validate_start_run(
     credentials = request.credentials
     for key, value in credentials.items():
         # Say which ref is too big, never what it holds.
-        if _too_big(key, limits.max_credential_bytes) or _too_big(value, limits.max_credential_bytes):
+        if _too_big(key, limits.max_credential_bytes) or _too_big(
+            value, limits.max_credential_bytes
+        ):
             c.add(f"credentials[{key[:64]}]", "key or value too large")
     if not request.HasField("snapshot"):
         c.add("snapshot", "is required")

@@ -130,12 +130,15 @@ class RunManager:
                 await self.store.create_run(record)
                 prior_events: list[epb.RunEvent] = []
             else:
-                record.status = RunStatus.RUNNING
-                await self.store.update_run(record)
                 prior_events = [
                     epb.RunEvent.FromString(e.body)
                     for e in await self.store.read_events(ctx.tenant, ctx.run_id, 0)
                 ]
+                # The log, not the registry, knows the last seq: a killed process never
+                # wrote its final registry update.
+                record.last_seq = prior_events[-1].seq if prior_events else 0
+                record.status = RunStatus.RUNNING
+                await self.store.update_run(record)
             live = LiveRun(request=request, record=record)
             for event in prior_events:
                 live.progress.observe(event)
@@ -322,13 +325,15 @@ class RunManager:
         record = await self.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
-        if after_seq > record.last_seq:
-            raise StreamGap(f"after_seq {after_seq} is past the run's last seq {record.last_seq}")
-        events = await self.store.read_events(tenant, run_id, after_seq)
-        if [e.seq for e in events] != list(range(after_seq + 1, record.last_seq + 1)):
+        stored = await self.store.read_events(tenant, run_id, 0)
+        last = stored[-1].seq if stored else 0
+        if after_seq > last:
+            raise StreamGap(f"after_seq {after_seq} is past the run's last seq {last}")
+        if [e.seq for e in stored] != list(range(1, last + 1)):
             # Never skip silently: a gap means the log lost events the caller has not seen.
             raise StreamGap(f"the event log of run {run_id!r} is missing events")
-        return Subscription([epb.RunEvent.FromString(e.body) for e in events], ended=True)
+        events = [epb.RunEvent.FromString(e.body) for e in stored if e.seq > after_seq]
+        return Subscription(events, ended=True)
 
     def unsubscribe(self, tenant: str, run_id: str, sub: Subscription) -> None:
         """Detaches a stream whose client went away."""
@@ -369,6 +374,7 @@ class RunManager:
         progress = Progress()
         for stored in await self.store.read_events(tenant, run_id, 0):
             progress.observe(epb.RunEvent.FromString(stored.body))
+            record.last_seq = stored.seq
         return record, progress
 
     # -- shutting down ----------------------------------------------------------------------

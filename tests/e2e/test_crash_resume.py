@@ -1,0 +1,164 @@
+"""Cross-process recovery: a real `roundtable serve` killed mid-run, a second one resumes it.
+
+Process A runs a 6-speaker turn with a slow offline model and is killed with SIGKILL;
+process B, a new server on the same database, gets the same StartRun and finishes. Every
+reply_id has exactly one assistant_final across both streams, B calls the model only for
+the speakers that had not finished, and no plan is announced twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, finals, member, of_kind, start_request
+from support.process import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank"]
+
+
+def six_speakers(
+    text: str, run_id: str, *, director: spb.ModelRef | None = None
+) -> pb.StartRunRequest:
+    slow = spb.ModelRef(
+        target=spb.ModelTarget(
+            provider="offline", model="slow", base_url="offline:?token_delay_ms=20"
+        )
+    )
+    roster = [
+        member(chr(ord("a") + i), n, f"{n} speaks plainly.", model=slow)
+        for i, n in enumerate(NAMES)
+    ]
+    return start_request(
+        text,
+        members=roster,
+        run_id=run_id,
+        thread_id=f"thread-{run_id}",
+        default_model=director,
+        budgets=spb.Budgets(max_speakers=6),
+    )
+
+
+async def run_until_killed(server: ServerProcess, request, stop_when) -> list[epb.RunEvent]:
+    events: list[epb.RunEvent] = []
+    async with server.channel() as channel:
+        async for response in server.stub(channel).StartRun(request):
+            events.append(response.event)
+            if stop_when(response.event):
+                server.kill()
+                break
+    await server.wait()
+    return events
+
+
+def dispatch_calls(server: ServerProcess) -> int:
+    return sum(
+        1 for r in server.audit() if r["caller_node"] == "dispatch" and r["status"] == "success"
+    )
+
+
+async def resume_on_b(tmp_path: Path, request) -> tuple[ServerProcess, list[epb.RunEvent], int]:
+    b = await ServerProcess(tmp_path / "rt.db", tmp_path / "b.log").start()
+    try:
+        async with b.channel() as channel:
+            stub = b.stub(channel)
+            before = await stub.GetRun(
+                pb.GetRunRequest(run_id=request.context.run_id, tenant="tenant-1")
+            )
+            events = await collect(stub.StartRun(request))
+            after = await stub.GetRun(
+                pb.GetRunRequest(run_id=request.context.run_id, tenant="tenant-1")
+            )
+        assert before.run.status == pb.RUN_STATUS_INTERRUPTED, "restart marks the dead run"
+        return b, events, after.run.status
+    finally:
+        await b.stop()
+
+
+def assert_exactly_once(a_events, b_events, n: int, run_id: str) -> None:
+    both = Counter(f.reply_id for f in finals(a_events + b_events))
+    assert both == Counter({f"{run_id}#{i}": 1 for i in range(n)})
+    assert len(of_kind(a_events + b_events, "plan_created")) == 1
+    assert b_events[0].run_started.resumed
+    assert of_kind(b_events, "run_completed")
+
+
+async def test_kill_after_speaker_3_final(tmp_path: Path) -> None:
+    request = six_speakers("@all introduce yourselves", "ab-final")
+    a = await ServerProcess(tmp_path / "rt.db", tmp_path / "a.log").start()
+    a_events = await run_until_killed(
+        a,
+        request,
+        lambda e: e.WhichOneof("payload") == "assistant_final" and e.assistant_final.step == 2,
+    )
+    b, b_events, status = await resume_on_b(tmp_path, request)
+    assert_exactly_once(a_events, b_events, 6, "ab-final")
+    assert [f.step for f in finals(b_events)] == [3, 4, 5]
+    assert dispatch_calls(b) == 3, "no model call for speakers 1-3 in B"
+    assert status == pb.RUN_STATUS_SUCCEEDED
+
+
+async def test_kill_in_the_middle_of_a_reply(tmp_path: Path) -> None:
+    request = six_speakers("@all introduce yourselves", "ab-delta")
+    a = await ServerProcess(tmp_path / "rt.db", tmp_path / "a.log").start()
+    a_events = await run_until_killed(
+        a,
+        request,
+        lambda e: (
+            e.WhichOneof("payload") == "assistant_delta"
+            and e.assistant_delta.reply_id == "ab-delta#3"
+        ),
+    )
+    b, b_events, status = await resume_on_b(tmp_path, request)
+    assert [f.step for f in finals(a_events)] == [0, 1, 2]
+    assert_exactly_once(a_events, b_events, 6, "ab-delta")
+    assert [f.step for f in finals(b_events)] == [3, 4, 5], "the half-spoken speaker speaks again"
+    assert dispatch_calls(b) == 3
+    assert status == pb.RUN_STATUS_SUCCEEDED
+
+
+async def test_kill_during_the_supervisor_call(tmp_path: Path) -> None:
+    director = spb.ModelRef(
+        target=spb.ModelTarget(
+            provider="offline", model="director", base_url="offline:?latency_ms=1500"
+        )
+    )
+    request = six_speakers("what should we do this weekend?", "ab-super", director=director)
+    a = await ServerProcess(tmp_path / "rt.db", tmp_path / "a.log").start()
+    a_events = await run_until_killed(
+        a, request, lambda e: e.WhichOneof("payload") == "run_started"
+    )
+    assert not of_kind(a_events, "plan_created")
+    b, b_events, status = await resume_on_b(tmp_path, request)
+    plans = of_kind(b_events, "plan_created")
+    assert len(plans) == 1 and plans[0].plan_created.source == epb.PLAN_SOURCE_SUPERVISOR
+    n = len(plans[0].plan_created.steps)
+    assert_exactly_once(a_events, b_events, n, "ab-super")
+    assert status == pb.RUN_STATUS_SUCCEEDED
+
+
+async def test_sigterm_drains_at_a_speaker_boundary_and_exits_0(tmp_path: Path) -> None:
+    request = six_speakers("@all introduce yourselves", "drain-1")
+    a = await ServerProcess(tmp_path / "rt.db", tmp_path / "a.log", "--grace-seconds", "10").start()
+    events: list[epb.RunEvent] = []
+    async with a.channel() as channel:
+        async for response in a.stub(channel).StartRun(request):
+            events.append(response.event)
+            if (
+                response.event.WhichOneof("payload") == "speaker_started"
+                and response.event.speaker_started.step == 1
+            ):
+                a.terminate()
+    assert await a.wait() == 0
+    cancelled = of_kind(events, "run_cancelled")[0].run_cancelled
+    assert cancelled.reason == "server_shutdown"
+    assert [f.step for f in finals(events)] == [0, 1], "the speaker in flight finished first"
+    b, b_events, status = await resume_on_b(tmp_path, request)
+    assert [f.step for f in finals(b_events)] == [2, 3, 4, 5]
+    assert status == pb.RUN_STATUS_SUCCEEDED

@@ -1,0 +1,214 @@
+"""Durable runs over a real server: cancel, continue, resume, re-attach, busy threads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import grpc
+import pytest
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, finals, kinds, member, of_kind, start_request
+
+SLOW = spb.ModelRef(
+    target=spb.ModelTarget(provider="offline", model="slow", base_url="offline:?token_delay_ms=15")
+)
+
+
+def slow_roster(n: int = 4) -> list[spb.Member]:
+    names = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank"]
+    return [
+        member(chr(ord("a") + i), names[i], f"Member {names[i]}.", model=SLOW) for i in range(n)
+    ]
+
+
+def slow_request(text: str = "@all how was your day?", **kwargs) -> pb.StartRunRequest:
+    return start_request(text, members=slow_roster(kwargs.pop("n", 4)), **kwargs)
+
+
+async def read_until(call, predicate) -> list[epb.RunEvent]:
+    """Reads a stream until an event matches (inclusive)."""
+    events = []
+    async for response in call:
+        events.append(response.event)
+        if predicate(response.event):
+            return events
+    raise AssertionError("stream ended before the expected event")
+
+
+def is_started(step: int):
+    return lambda e: e.WhichOneof("payload") == "speaker_started" and e.speaker_started.step == step
+
+
+def is_delta_of(reply_id: str):
+    return lambda e: (
+        e.WhichOneof("payload") == "assistant_delta" and e.assistant_delta.reply_id == reply_id
+    )
+
+
+async def get_status(stub, run_id: str, tenant: str = "tenant-1") -> int:
+    return (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant=tenant))).run.status
+
+
+async def test_graceful_cancel_finishes_the_speaker_then_continue_resumes(stub) -> None:
+    request = slow_request(run_id="grace-1", thread_id="t-grace")
+    call = stub.StartRun(request)
+    events = await read_until(call, is_started(1))
+    answer = await stub.CancelRun(pb.CancelRunRequest(run_id="grace-1", tenant="tenant-1"))
+    assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+    events += await collect(call)
+
+    got = finals(events)
+    assert [f.member_id for f in got] == ["a", "b"], "speaker 2 finished its reply"
+    assert not [e for e in of_kind(events, "speaker_started") if e.speaker_started.step >= 2]
+    cancelled = of_kind(events, "run_cancelled")[0].run_cancelled
+    assert list(cancelled.finished_reply_ids) == ["grace-1#0", "grace-1#1"]
+    assert [s.reply_id for s in cancelled.steps_left] == ["grace-1#2", "grace-1#3"]
+    assert await get_status(stub, "grace-1") == pb.RUN_STATUS_CANCELLED
+
+    # "继续" on the same thread speaks the steps left, with their original reply ids.
+    more = await collect(stub.StartRun(slow_request("继续", run_id="grace-2", thread_id="t-grace")))
+    plan = of_kind(more, "plan_created")[0].plan_created
+    assert plan.source == epb.PLAN_SOURCE_CONTINUED and plan.continued_run_id == "grace-1"
+    assert [f.reply_id for f in finals(more)] == ["grace-1#2", "grace-1#3"]
+    assert [f.member_id for f in finals(more)] == ["c", "d"]
+    assert await get_status(stub, "grace-1") == pb.RUN_STATUS_CONTINUED
+    # It cannot be continued twice: the next continue finds nothing.
+    again = await collect(
+        stub.StartRun(slow_request("继续", run_id="grace-3", thread_id="t-grace"))
+    )
+    assert of_kind(again, "plan_created")[0].plan_created.fallback_reason == "nothing to continue"
+
+
+async def test_immediate_cancel_drops_the_partial_reply_and_resume_redoes_it(stub) -> None:
+    request = slow_request(run_id="now-1", thread_id="t-now")
+    call = stub.StartRun(request)
+    first = await read_until(call, is_delta_of("now-1#1"))
+    await stub.CancelRun(
+        pb.CancelRunRequest(run_id="now-1", tenant="tenant-1", mode=pb.CANCEL_MODE_IMMEDIATE)
+    )
+    first += await collect(call)
+    assert [f.reply_id for f in finals(first)] == ["now-1#0"], "the partial reply is never final"
+    cancelled = of_kind(first, "run_cancelled")[0].run_cancelled
+    assert [s.reply_id for s in cancelled.steps_left] == ["now-1#1", "now-1#2", "now-1#3"]
+
+    # The same StartRun again resumes: no new plan, speaker 2 speaks again, 1 is not repeated.
+    second = await collect(stub.StartRun(request))
+    assert second[0].run_started.resumed
+    assert not of_kind(second, "plan_created")
+    assert [e.speaker_started.step for e in of_kind(second, "speaker_started")] == [1, 2, 3]
+    both = Counter(f.reply_id for f in finals(first + second))
+    assert both == Counter({f"now-1#{i}": 1 for i in range(4)})
+    assert second[0].seq == first[-1].seq + 1, "seq goes on across executions"
+    assert await get_status(stub, "now-1") == pb.RUN_STATUS_SUCCEEDED
+
+
+async def test_stream_run_after_a_dropped_connection_delivers_everything_once(server) -> None:
+    request = slow_request(run_id="drop-1", thread_id="t-drop")
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        call = stub.StartRun(request)
+        seen = await read_until(call, is_started(1))
+        call.cancel()  # the gateway's connection drops mid-run
+    last = max(e.seq for e in seen)
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        rest = await collect(
+            stub.StreamRun(pb.StreamRunRequest(run_id="drop-1", tenant="tenant-1", after_seq=last))
+        )
+        durable = [e for e in seen + rest if e.WhichOneof("payload") != "assistant_delta"]
+        assert [e.seq for e in durable] == list(range(1, len(durable) + 1))
+        assert [f.reply_id for f in finals(durable)] == [f"drop-1#{i}" for i in range(4)]
+        assert kinds(durable)[-1] == "run_completed"
+        # A full replay from 0 gives the same events, same seq.
+        replay = await collect(
+            stub.StreamRun(pb.StreamRunRequest(run_id="drop-1", tenant="tenant-1"))
+        )
+        assert [e.SerializeToString() for e in replay] == [e.SerializeToString() for e in durable]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(
+                stub.StreamRun(
+                    pb.StreamRunRequest(run_id="drop-1", tenant="tenant-1", after_seq=999)
+                )
+            )
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_a_dropped_stream_with_policy_cancel_stops_the_run(server, stub) -> None:
+    options = pb.RunOptions(disconnect_policy=pb.DISCONNECT_POLICY_CANCEL)
+    request = slow_request(run_id="dropc-1", thread_id="t-dropc", options=options)
+    call = stub.StartRun(request)
+    await read_until(call, is_started(0))
+    call.cancel()
+    rest = await collect(stub.StreamRun(pb.StreamRunRequest(run_id="dropc-1", tenant="tenant-1")))
+    cancelled = of_kind(rest, "run_cancelled")[0].run_cancelled
+    assert cancelled.reason == "stream_dropped"
+    assert list(cancelled.finished_reply_ids) == ["dropc-1#0"]
+
+
+async def test_busy_thread_reject(stub) -> None:
+    call = stub.StartRun(slow_request(run_id="busy-1", thread_id="t-busy"))
+    await read_until(call, is_started(0))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(stub.StartRun(slow_request(run_id="busy-2", thread_id="t-busy")))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await stub.GetRun(pb.GetRunRequest(run_id="busy-2", tenant="tenant-1"))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND, "a rejected run leaves no trace"
+    await collect(call)
+
+
+async def test_busy_thread_interrupt(stub) -> None:
+    first = stub.StartRun(slow_request(run_id="int-1", thread_id="t-int"))
+    events = await read_until(first, is_started(1))
+    options = pb.RunOptions(busy_thread_policy=pb.BUSY_THREAD_POLICY_INTERRUPT)
+    second = await collect(
+        stub.StartRun(slow_request("@Dave hi", run_id="int-2", thread_id="t-int", options=options))
+    )
+    events += await collect(first)
+    assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "interrupted_by_new_run"
+    assert [f.member_id for f in finals(events)] == ["a", "b"]
+    assert [f.member_id for f in finals(second)] == ["d"]
+
+
+async def test_busy_thread_enqueue(stub) -> None:
+    first = stub.StartRun(slow_request(run_id="q-1", thread_id="t-q", n=2))
+    await read_until(first, is_started(0))
+    options = pb.RunOptions(busy_thread_policy=pb.BUSY_THREAD_POLICY_ENQUEUE)
+    second = stub.StartRun(
+        slow_request("@Bob hi", run_id="q-2", thread_id="t-q", options=options, n=2)
+    )
+    await asyncio.sleep(0.05)
+    assert await get_status(stub, "q-2") == pb.RUN_STATUS_QUEUED
+    first_events = await collect(first)
+    second_events = await collect(second)
+    assert kinds(first_events)[-1] == "run_completed"
+    assert [f.member_id for f in finals(second_events)] == ["b"]
+    assert (
+        second_events[0].emitted_at.ToNanoseconds() >= first_events[-1].emitted_at.ToNanoseconds()
+    )
+
+
+async def test_stop_turn_stops_the_live_run_whatever_the_policy(stub) -> None:
+    live = stub.StartRun(slow_request(run_id="st-1", thread_id="t-stop"))
+    events = await read_until(live, is_started(1))
+    stop = await collect(stub.StartRun(slow_request("停止", run_id="st-2", thread_id="t-stop")))
+    assert kinds(stop) == ["run_started", "plan_created", "run_completed"]
+    events += await collect(live)
+    assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "stop_directive"
+    assert [f.member_id for f in finals(events)] == ["a", "b"]
+
+
+async def test_cancel_of_a_finished_run_changes_nothing(stub) -> None:
+    await collect(stub.StartRun(start_request("报数", run_id="done-1")))
+    answer = await stub.CancelRun(pb.CancelRunRequest(run_id="done-1", tenant="tenant-1"))
+    assert answer.outcome == pb.CANCEL_OUTCOME_ALREADY_ENDED
+    assert answer.run.status == pb.RUN_STATUS_SUCCEEDED
+    assert len(answer.run.finished_reply_ids) == 4
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.CancelRun(pb.CancelRunRequest(run_id="nope", tenant="tenant-1"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND

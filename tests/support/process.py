@@ -1,0 +1,99 @@
+"""A real `roundtable serve` process for tests that kill, restart or signal it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+
+_SERVING = re.compile(r"serving on [\d.]+:(\d+)")
+
+
+class ServerProcess:
+    """`roundtable serve` on a free port with a given database; stderr goes to a file."""
+
+    def __init__(self, db: Path, log: Path, *extra_args: str) -> None:
+        self.db = db
+        self.log_path = log
+        self.args = extra_args
+        self.proc: asyncio.subprocess.Process | None = None
+        self.port = 0
+
+    async def start(self, timeout: float = 30.0) -> ServerProcess:
+        """Starts the process and waits until it says where it listens."""
+        self._log = self.log_path.open("wb")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "roundtable.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            f"sqlite:///{self.db}",
+            *self.args,
+            stdout=self._log,
+            stderr=self._log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        async with asyncio.timeout(timeout):
+            while True:
+                match = _SERVING.search(self.log_path.read_text("utf-8", "replace"))
+                if match:
+                    self.port = int(match.group(1))
+                    return self
+                if self.proc.returncode is not None:
+                    raise RuntimeError(f"server exited: {self.log_path.read_text()}")
+                await asyncio.sleep(0.05)
+
+    @property
+    def address(self) -> str:
+        """host:port to dial."""
+        return f"127.0.0.1:{self.port}"
+
+    def channel(self) -> grpc.aio.Channel:
+        """A new channel to the server."""
+        return grpc.aio.insecure_channel(self.address)
+
+    def stub(self, channel: grpc.aio.Channel) -> pb_grpc.OrchestratorServiceStub:
+        """The generated client on a channel."""
+        return pb_grpc.OrchestratorServiceStub(channel)
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no cleanup, like a crash."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        """SIGTERM: the graceful stop."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        """Waits for the process to exit; returns its exit code."""
+        assert self.proc is not None
+        async with asyncio.timeout(timeout):
+            code = await self.proc.wait()
+        self._log.close()
+        return code
+
+    async def stop(self) -> None:
+        """Ends the process if it still runs."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.kill()
+            await self.wait()
+
+    def audit(self) -> list[dict[str, object]]:
+        """The audit records this process wrote."""
+        records = []
+        for line in self.log_path.read_text("utf-8", "replace").splitlines():
+            if " roundtable.audit " in line:
+                records.append(json.loads(line.split(" roundtable.audit ", 1)[1]))
+        return records
