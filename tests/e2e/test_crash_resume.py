@@ -135,7 +135,7 @@ async def test_kill_during_the_supervisor_call(tmp_path: Path) -> None:
         a, request, lambda e: e.WhichOneof("payload") == "run_started"
     )
     assert not of_kind(a_events, "plan_created")
-    b, b_events, status = await resume_on_b(tmp_path, request)
+    _b, b_events, status = await resume_on_b(tmp_path, request)
     plans = of_kind(b_events, "plan_created")
     assert len(plans) == 1 and plans[0].plan_created.source == epb.PLAN_SOURCE_SUPERVISOR
     n = len(plans[0].plan_created.steps)
@@ -159,6 +159,6 @@ async def test_sigterm_drains_at_a_speaker_boundary_and_exits_0(tmp_path: Path) 
     cancelled = of_kind(events, "run_cancelled")[0].run_cancelled
     assert cancelled.reason == "server_shutdown"
     assert [f.step for f in finals(events)] == [0, 1], "the speaker in flight finished first"
-    b, b_events, status = await resume_on_b(tmp_path, request)
+    _b, b_events, status = await resume_on_b(tmp_path, request)
     assert [f.step for f in finals(b_events)] == [2, 3, 4, 5]
     assert status == pb.RUN_STATUS_SUCCEEDED

@@ -26,7 +26,7 @@ class ServerProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
 
-    async def start(self, timeout: float = 30.0) -> ServerProcess:
+    async def start(self, wait_s: float = 30.0) -> ServerProcess:
         """Starts the process and waits until it says where it listens."""
         self._log = self.log_path.open("wb")
         self.proc = await asyncio.create_subprocess_exec(
@@ -43,7 +43,7 @@ class ServerProcess:
             stderr=self._log,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(wait_s):
             while True:
                 match = _SERVING.search(self.log_path.read_text("utf-8", "replace"))
                 if match:
@@ -76,10 +76,10 @@ class ServerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
 
-    async def wait(self, timeout: float = 30.0) -> int:
+    async def wait(self, wait_s: float = 30.0) -> int:
         """Waits for the process to exit; returns its exit code."""
         assert self.proc is not None
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(wait_s):
             code = await self.proc.wait()
         self._log.close()
         return code
