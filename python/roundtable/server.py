@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from roundtable.api.limits import RequestLimits
 from roundtable.api.servicer import OrchestratorServicer
@@ -33,6 +35,8 @@ from roundtable.models.openai_compat import build_openai_provider
 from roundtable.runs.manager import RunManager
 from roundtable.settings import Settings
 from roundtable.store.sqlite import SqliteRunStore, sqlite_path
+from roundtable.telemetry.metrics import Metrics
+from roundtable.telemetry.setup import Telemetry, telemetry_from_env
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 
@@ -97,6 +101,7 @@ class RunningServer:
     store: SqliteRunStore
     health: HealthServicer
     harness: Harness
+    telemetry: Telemetry
 
     @property
     def address(self) -> str:
@@ -106,9 +111,18 @@ class RunningServer:
 
 @contextlib.asynccontextmanager
 async def running_server(
-    settings: Settings, *, extra_providers: Mapping[str, ChatProvider] | None = None
+    settings: Settings,
+    *,
+    extra_providers: Mapping[str, ChatProvider] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> AsyncIterator[RunningServer]:
-    """Builds everything, starts serving, and on exit drains runs and stops the server."""
+    """Builds everything, starts serving, and on exit drains runs and stops the server.
+
+    `telemetry` defaults to what the standard OTEL_* variables configure (nothing, when
+    no endpoint is set).
+    """
+    telemetry = telemetry or telemetry_from_env(os.environ)
+    metrics = Metrics(telemetry.meter("roundtable"))
     store = await SqliteRunStore.open(sqlite_path(settings.store))
     interrupted = await store.mark_interrupted()
     if interrupted:
@@ -116,25 +130,38 @@ async def running_server(
             "marked %d run(s) left running by a previous process as interrupted", interrupted
         )
     providers = {**build_providers(settings), **(extra_providers or {})}
-    harness = Harness(providers, policy=harness_policy(settings))
+    harness = Harness(
+        providers,
+        policy=harness_policy(settings),
+        tracer=telemetry.tracer("roundtable.harness"),
+        metrics=metrics,
+    )
     manager = RunManager(
         store=store,
         graph=build_conversation_graph(store.checkpointer),
         harness=harness,
         durability=settings.checkpoint_durability,
+        tracer=telemetry.tracer("roundtable.graph"),
+        metrics=metrics,
     )
     limits = request_limits(settings)
     server = grpc.aio.server(
+        # One span per RPC, continuing the caller's W3C traceparent (and baggage).
+        interceptors=[aio_server_interceptor(tracer_provider=telemetry.tracer_provider)],
         options=[
             # Leave room above our own limit so an oversized request gets our precise
             # INVALID_ARGUMENT instead of the transport's RESOURCE_EXHAUSTED.
             ("grpc.max_receive_message_length", limits.max_request_bytes + 1024 * 1024),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ]
+        ],
     )
     pb_grpc.add_OrchestratorServiceServicer_to_server(
         OrchestratorServicer(
-            manager, limits=limits, providers=providers.keys(), budgets=default_budgets(settings)
+            manager,
+            limits=limits,
+            providers=providers.keys(),
+            budgets=default_budgets(settings),
+            metrics=metrics,
         ),
         server,
     )
@@ -153,7 +180,7 @@ async def running_server(
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    running = RunningServer(server, bound, manager, store, health, harness)
+    running = RunningServer(server, bound, manager, store, health, harness, telemetry)
     try:
         yield running
     finally:
@@ -161,6 +188,7 @@ async def running_server(
         await manager.drain(settings.grace_seconds)
         await server.stop(grace=1.0)
         await store.close()
+        telemetry.shutdown()
 
 
 async def serve(settings: Settings) -> None:

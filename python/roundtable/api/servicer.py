@@ -17,6 +17,8 @@ from roundtable.domain.snapshot import Budgets, DisconnectPolicy
 from roundtable.runs.manager import RunManager
 from roundtable.runs.progress import Progress
 from roundtable.store.base import RunRecord, RunStatus
+from roundtable.telemetry.metrics import Metrics, no_metrics
+from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 
@@ -63,11 +65,16 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         limits: RequestLimits,
         providers: Collection[str],
         budgets: Budgets,
+        metrics: Metrics | None = None,
     ) -> None:
         self.manager = manager
+        self.metrics = metrics or no_metrics()
         self.limits = limits
         self.providers = frozenset(providers)
         self.budgets = budgets
+
+    def _count(self, event: epb.RunEvent) -> None:
+        self.metrics.events_streamed.add(1, {"roundtable.event": event.WhichOneof("payload") or ""})
 
     async def StartRun(
         self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext
@@ -86,6 +93,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         tenant, run_id = run_request.context.tenant, run_request.context.run_id
         try:
             async for event in subscription:
+                self._count(event)
                 yield pb.StartRunResponse(event=event)
         finally:
             if not subscription.reached_end:
@@ -110,6 +118,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
             await _abort(context, exc)
         try:
             async for event in subscription:
+                self._count(event)
                 yield pb.StreamRunResponse(event=event)
         finally:
             if not subscription.reached_end:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
 
 from roundtable.graph.context import GraphContext
 from roundtable.graph.nodes.classify_directive import classify_directive, next_after_classify
@@ -16,6 +19,7 @@ from roundtable.graph.nodes.propose_memory import propose_memory
 from roundtable.graph.nodes.route_session import next_after_route, route_session
 from roundtable.graph.nodes.supervisor import supervisor
 from roundtable.graph.state import ConversationState
+from roundtable.telemetry.attributes import run_correlation
 
 NODES = (
     "hydrate_context",
@@ -30,6 +34,22 @@ NODES = (
 """Node names: also the `caller_node` of spans and audit records."""
 
 
+def traced(name: str, node: Callable[..., Awaitable[ConversationState]]) -> Any:
+    """Wraps a node in a span named after it (`caller_node` = the node's name)."""
+    wants_runtime = "runtime" in inspect.signature(node).parameters
+
+    async def run(state: ConversationState, runtime: Runtime[GraphContext]) -> ConversationState:
+        ctx = runtime.context
+        attributes = run_correlation(ctx.request.context, name)
+        with ctx.tracer.start_as_current_span(name, attributes=attributes):
+            if wants_runtime:
+                return await node(state, runtime)
+            return await node(state)
+
+    run.__name__ = name
+    return run
+
+
 def build_conversation_graph(checkpointer: Any = None) -> Any:
     """Compiles the ConversationGraph.
 
@@ -39,14 +59,14 @@ def build_conversation_graph(checkpointer: Any = None) -> Any:
     supervisor | propose_memory -> END
     """
     graph = StateGraph(ConversationState, context_schema=GraphContext)
-    graph.add_node("hydrate_context", hydrate_context)
-    graph.add_node("route_session", route_session)
-    graph.add_node("classify_directive", classify_directive)
-    graph.add_node("deterministic_router", deterministic_router)
-    graph.add_node("supervisor", supervisor)
-    graph.add_node("dispatch", dispatch)
-    graph.add_node("convergence", convergence)
-    graph.add_node("propose_memory", propose_memory)
+    graph.add_node("hydrate_context", traced("hydrate_context", hydrate_context))
+    graph.add_node("route_session", traced("route_session", route_session))
+    graph.add_node("classify_directive", traced("classify_directive", classify_directive))
+    graph.add_node("deterministic_router", traced("deterministic_router", deterministic_router))
+    graph.add_node("supervisor", traced("supervisor", supervisor))
+    graph.add_node("dispatch", traced("dispatch", dispatch))
+    graph.add_node("convergence", traced("convergence", convergence))
+    graph.add_node("propose_memory", traced("propose_memory", propose_memory))
 
     graph.add_edge(START, "hydrate_context")
     graph.add_edge("hydrate_context", "route_session")

@@ -13,11 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from opentelemetry import trace
+
 from roundtable.domain.events import Event
 from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
+from roundtable.telemetry.metrics import Metrics, no_metrics
 
 
 class EventSink(Protocol):
@@ -105,3 +108,5 @@ class GraphContext:
     prior: Prior = Prior()
     continuation: Continuation | None = None
     settings: GraphSettings = GraphSettings()
+    tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracerProvider().get_tracer(""))
+    metrics: Metrics = field(default_factory=no_metrics)

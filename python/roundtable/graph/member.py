@@ -10,7 +10,10 @@ a subgraph would add a few milliseconds and several checkpoint writes per speake
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+
+from opentelemetry.util.types import AttributeValue
 
 from roundtable.domain.errors import ModelError
 from roundtable.domain.events import (
@@ -28,6 +31,7 @@ from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
 from roundtable.harness.request import CallMeta, ModelRequest
 from roundtable.models.base import ChatCall, ChatMessage
+from roundtable.telemetry.attributes import run_correlation
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,34 @@ def call_meta(ctx: GraphContext, caller_node: str) -> CallMeta:
 async def speak(
     ctx: GraphContext, step: PlanStep, replies: list[ReplyDict], *, caller_node: str = "dispatch"
 ) -> SpeakerOutcome:
-    """Runs one speaker's turn; emits speaker_started, deltas and assistant_final or speaker_failed."""
+    """Runs one speaker's turn; emits speaker_started, deltas and assistant_final or speaker_failed.
+
+    The turn is one GenAI agent span (`invoke_agent <name>`); its model calls nest inside.
+    """
+    member = ctx.request.snapshot.member(step.member_id)
+    attributes: dict[str, AttributeValue] = {
+        **run_correlation(ctx.request.context, caller_node),
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.id": member.member_id,
+        "gen_ai.agent.name": member.display_name,
+        "roundtable.step": step.index,
+        "roundtable.reply_id": step.reply_id,
+    }
+    started = time.perf_counter()
+    with ctx.tracer.start_as_current_span(
+        f"invoke_agent {member.display_name}", attributes=attributes
+    ):
+        outcome = await _speak(ctx, step, replies, caller_node)
+    ctx.metrics.speaker_duration.record(
+        time.perf_counter() - started,
+        {"roundtable.outcome": "failed" if outcome.reply["failed"] else "final"},
+    )
+    return outcome
+
+
+async def _speak(
+    ctx: GraphContext, step: PlanStep, replies: list[ReplyDict], caller_node: str
+) -> SpeakerOutcome:
     snapshot = ctx.request.snapshot
     member = snapshot.member(step.member_id)
     settings = ctx.settings

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from roundtable.domain.errors import ModelRejected
+from opentelemetry import trace
+
+from roundtable.domain.errors import ModelError, ModelRejected
 from roundtable.harness.audit import Auditor
-from roundtable.harness.breaker import BreakerBoard
+from roundtable.harness.breaker import BreakerBoard, BreakerState
 from roundtable.harness.layers import (
     AuditLayer,
     BreakerLayer,
@@ -14,7 +16,9 @@ from roundtable.harness.layers import (
 )
 from roundtable.harness.policies import HarnessPolicy
 from roundtable.harness.request import Handler, ModelRequest
+from roundtable.harness.tracing import TelemetryLayer
 from roundtable.models.base import ChatResult, ProviderRegistry
+from roundtable.telemetry.metrics import Metrics, no_metrics
 
 
 class ProviderCall:
@@ -29,13 +33,20 @@ class ProviderCall:
         if provider is None:  # validation at the edge makes this unreachable for requests
             raise ModelRejected(f"unknown provider {target.provider!r}")
         api_key = request.credentials.get(target.credential_ref) if target.credential_ref else None
-        return await provider.complete(
-            target, request.call, api_key=api_key, on_text=request.on_text
-        )
+        try:
+            return await provider.complete(
+                target, request.call, api_key=api_key, on_text=request.on_text
+            )
+        except ModelError:
+            raise
+        except Exception as exc:
+            # A provider bug fails this call, not the whole run; the type says enough, and
+            # its message could echo the prompt or a key.
+            raise ModelError(f"provider {target.provider!r} raised {type(exc).__name__}") from None
 
 
 class Harness:
-    """Every model call goes through here: failover, breaker, retry, audit, timeout."""
+    """Every model call goes through here: failover, breaker, retry, audit, span, timeout."""
 
     def __init__(
         self,
@@ -44,17 +55,30 @@ class Harness:
         policy: HarnessPolicy | None = None,
         auditor: Auditor | None = None,
         breakers: BreakerBoard | None = None,
+        tracer: trace.Tracer | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.policy = policy or HarnessPolicy()
         self.providers = providers
         self.auditor = auditor or Auditor()
-        self.breakers = breakers or BreakerBoard(self.policy.breaker)
+        self.metrics = metrics or no_metrics()
+        self.breakers = breakers or BreakerBoard(
+            self.policy.breaker, listener=self._breaker_changed
+        )
         handler: Handler = ProviderCall(providers)
         handler = TimeoutLayer(handler, self.policy.timeout)
+        handler = TelemetryLayer(
+            handler, tracer or trace.NoOpTracerProvider().get_tracer(__name__), self.metrics
+        )
         handler = AuditLayer(handler, self.auditor)
         handler = RetryLayer(handler, self.policy.retry)
         handler = BreakerLayer(handler, self.breakers, self.auditor)
         self._chain: Handler = FailoverLayer(handler)
+
+    def _breaker_changed(self, target: str, state: BreakerState) -> None:
+        self.metrics.breaker_transitions.add(
+            1, {"roundtable.target": target, "roundtable.state": state.value}
+        )
 
     async def call(self, request: ModelRequest) -> ChatResult:
         """Runs one model call through the whole chain.

@@ -1,8 +1,9 @@
 """The harness layers. Each holds the next handler and takes one `ModelRequest`.
 
-Outermost first: Failover -> Breaker -> Retry -> Audit -> Timeout -> provider. So a
-breaker is consulted per target, retries stay on one target, every attempt (even one
-that times out) gets exactly one audit record, and the timeout bounds one attempt.
+Outermost first: Failover -> Breaker -> Retry -> Audit -> Telemetry -> Timeout -> provider.
+So a breaker is consulted per target, retries stay on one target, every attempt (even one
+that times out) gets exactly one audit record and one span, and the timeout bounds one
+attempt.
 """
 
 from __future__ import annotations

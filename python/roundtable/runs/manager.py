@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
+
 from roundtable.domain.errors import (
     Draining,
     RunAlreadyExists,
@@ -44,11 +47,29 @@ from roundtable.runs.live import LiveRun, Subscription
 from roundtable.runs.progress import Progress
 from roundtable.runs.sink import RunSink
 from roundtable.store.base import RESUMABLE, RunRecord, RunStatus, RunStore
+from roundtable.telemetry.attributes import run_correlation
+from roundtable.telemetry.metrics import Metrics, no_metrics
 from roundtable.v1 import events_pb2 as epb
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_REASON = "server_shutdown"
+
+
+def _trace_context() -> str:
+    """The current span as `<trace_id>-<span_id>`, or "" when nothing is traced."""
+    span = trace.get_current_span().get_span_context()
+    return f"{span.trace_id:032x}-{span.span_id:016x}" if span.is_valid else ""
+
+
+def _span_context(value: str) -> trace.SpanContext | None:
+    """The span context stored by `_trace_context`."""
+    if not value:
+        return None
+    trace_id, _, span_id = value.partition("-")
+    return trace.SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace.TraceFlags(1)
+    )
 
 
 def checkpoint_thread(tenant: str, run_id: str) -> str:
@@ -76,12 +97,16 @@ class RunManager:
         harness: Harness,
         graph_settings: GraphSettings | None = None,
         durability: str = "async",
+        tracer: trace.Tracer | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.graph = graph
         self.harness = harness
         self.graph_settings = graph_settings or GraphSettings()
         self.durability = durability
+        self.tracer = tracer or trace.NoOpTracerProvider().get_tracer(__name__)
+        self.metrics = metrics or no_metrics()
         self._live: dict[tuple[str, str], LiveRun] = {}
         self._threads: dict[tuple[str, str], LiveRun] = {}
         self._lock = asyncio.Lock()
@@ -126,6 +151,7 @@ class RunManager:
                     status=RunStatus.QUEUED if wait_for else RunStatus.RUNNING,
                     created_at=now,
                     updated_at=now,
+                    trace_context=_trace_context(),
                 )
                 await self.store.create_run(record)
                 prior_events: list[epb.RunEvent] = []
@@ -209,6 +235,47 @@ class RunManager:
         continuation: Continuation | None,
         wait_for: LiveRun | None,
     ) -> None:
+        """Runs the run in a span that continues the starting request's trace.
+
+        A resumed run (perhaps in another process) links to the span that first ran it.
+        """
+        record = live.record
+        links = []
+        first = _span_context(record.trace_context) if resumed else None
+        if first is not None:
+            links.append(trace.Link(first, {"roundtable.link": "first_execution"}))
+        attributes: dict[str, AttributeValue] = {
+            **run_correlation(live.request.context, "run"),
+            "roundtable.resumed": resumed,
+        }
+        started = time.perf_counter()
+        with self.tracer.start_as_current_span(
+            "roundtable.run", attributes=attributes, links=links
+        ):
+            try:
+                await self._run(
+                    live,
+                    credentials,
+                    directive=directive,
+                    resumed=resumed,
+                    continuation=continuation,
+                    wait_for=wait_for,
+                )
+            finally:
+                status = {"roundtable.status": record.status.value}
+                self.metrics.runs.add(1, status)
+                self.metrics.run_duration.record(time.perf_counter() - started, status)
+
+    async def _run(
+        self,
+        live: LiveRun,
+        credentials: dict[str, str],
+        *,
+        directive: Directive,
+        resumed: bool,
+        continuation: Continuation | None,
+        wait_for: LiveRun | None,
+    ) -> None:
         record = live.record
         sink = RunSink(live, self.store, first_seq=record.last_seq)
         request = live.request
@@ -241,6 +308,8 @@ class RunManager:
                 ),
                 continuation=continuation,
                 settings=self.graph_settings,
+                tracer=self.tracer,
+                metrics=self.metrics,
             )
             config = {
                 "configurable": {"thread_id": checkpoint_thread(record.tenant, record.run_id)},

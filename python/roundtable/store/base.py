@@ -59,6 +59,8 @@ class RunRecord:
     plan_json: str = "[]"
     """The planned steps so far, as JSON (see runs.progress)."""
     finished_reply_ids: list[str] = field(default_factory=list)
+    trace_context: str = ""
+    """`<trace_id>-<span_id>` (hex) of the span that first ran the run: resumes link to it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS rt_runs (
     plan_json TEXT NOT NULL DEFAULT '[]',
     finished_reply_ids TEXT NOT NULL DEFAULT '[]',
     last_seq INTEGER NOT NULL DEFAULT 0,
+    trace_context TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     PRIMARY KEY (tenant, run_id)
@@ -72,12 +73,13 @@ def _record(row: aiosqlite.Row) -> RunRecord:
         last_seq=row[7],
         created_at=row[8],
         updated_at=row[9],
+        trace_context=row[10],
     )
 
 
 _COLUMNS = (
     "tenant, run_id, thread_id, fingerprint, status, plan_json, finished_reply_ids, "
-    "last_seq, created_at, updated_at"
+    "last_seq, created_at, updated_at, trace_context"
 )
 
 
@@ -100,7 +102,7 @@ class SqliteRunStore:
 
     async def create_run(self, record: RunRecord) -> None:
         await self.conn.execute(
-            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 record.tenant,
                 record.run_id,
@@ -112,6 +114,7 @@ class SqliteRunStore:
                 record.last_seq,
                 record.created_at,
                 record.updated_at,
+                record.trace_context,
             ),
         )
 

@@ -1,0 +1,1 @@
+"""OpenTelemetry: providers built from the standard OTEL_* variables, span helpers, metrics."""
