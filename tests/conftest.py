@@ -13,6 +13,7 @@ import pytest
 from roundtable.models.base import ChatProvider
 from roundtable.server import RunningServer, running_server
 from roundtable.settings import Settings
+from roundtable.telemetry.setup import Telemetry, disabled
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 
 ServerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningServer]]
@@ -31,14 +32,19 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> ServerFactory:
-    """Starts a server with settings overrides and extra providers: `async with start_server() as s`."""
+    """Starts a server: `async with start_server(providers=..., telemetry=..., **settings)`."""
 
     @contextlib.asynccontextmanager
     async def start(
-        *, providers: Mapping[str, ChatProvider] | None = None, **overrides: Any
+        *,
+        providers: Mapping[str, ChatProvider] | None = None,
+        telemetry: Telemetry | None = None,
+        **overrides: Any,
     ) -> AsyncIterator[RunningServer]:
+        settings = make_settings(tmp_path, **overrides)
+        # Tests export nothing unless they ask to: a developer's OTEL_* variables stay out.
         async with running_server(
-            make_settings(tmp_path, **overrides), extra_providers=providers
+            settings, extra_providers=providers, telemetry=telemetry or disabled()
         ) as s:
             yield s
 

@@ -7,6 +7,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
+# Client libraries log request bodies (prompts) at DEBUG: keep them quiet whatever our level.
+_QUIET = ("openai", "httpx", "httpcore", "langchain", "langchain_core", "langgraph", "aiosqlite")
+
 
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
@@ -14,6 +17,8 @@ def _configure_logging(level: str) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Collection
 from typing import NoReturn
 
 import grpc
+from opentelemetry import trace
 
 from roundtable.api import convert
 from roundtable.api.errors import to_grpc_status
@@ -17,6 +18,7 @@ from roundtable.domain.snapshot import Budgets, DisconnectPolicy
 from roundtable.runs.manager import RunManager
 from roundtable.runs.progress import Progress
 from roundtable.store.base import RunRecord, RunStatus
+from roundtable.telemetry.attributes import run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -86,6 +88,9 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         run_request = convert.run_request_from_proto(
             request, limits=self.limits, defaults=self.budgets
         )
+        # The RPC span (made by the OpenTelemetry interceptor before the request was parsed)
+        # gets the correlation attributes too.
+        trace.get_current_span().set_attributes(run_correlation(run_request.context, "StartRun"))
         try:
             subscription = await self.manager.start(run_request, dict(request.credentials))
         except RoundtableError as exc:

@@ -1,0 +1,159 @@
+"""Spans and metrics as an OpenTelemetry collector receives them over OTLP."""
+
+from __future__ import annotations
+
+import grpc
+from roundtable.telemetry.attributes import CALLER_NODE, REQUEST_ID, RUN_ID, TENANT, THREAD_ID
+from roundtable.telemetry.setup import telemetry_from_env
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, finals, member, model_ref, start_request
+from support.otlp import OtlpReceiver
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+RPC_SPAN = "/roundtable.v1.OrchestratorService/StartRun"
+
+
+def traceparent(
+    trace_id: str = CLIENT_TRACE, span_id: str = CLIENT_SPAN
+) -> tuple[tuple[str, str], ...]:
+    return (("traceparent", f"00-{trace_id}-{span_id}-01"), ("baggage", "tenant=tenant-1"))
+
+
+async def run_traced(start_server, request, *, metadata=traceparent()) -> tuple[OtlpReceiver, list]:
+    with OtlpReceiver() as receiver:
+        telemetry = telemetry_from_env(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                "OTEL_SERVICE_NAME": "roundtable-test",
+            }
+        )
+        async with start_server(telemetry=telemetry) as server:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                stub = pb_grpc.OrchestratorServiceStub(channel)
+                events = await collect(stub.StartRun(request, metadata=metadata))
+            telemetry.force_flush()
+    return receiver, events
+
+
+async def test_a_group_turn_is_one_trace_under_the_client_span(start_server) -> None:
+    roster = [
+        member(
+            "a",
+            "Alice",
+            "SECRET-PERSONA-TEXT speaks softly.",
+            model=model_ref("offline", "member-model"),
+        ),
+        member("b", "Bob"),
+    ]
+    request = start_request(
+        "USER-TEXT-MARKER what should we cook?", members=roster, run_id="traced-1", thread_id="th-9"
+    )
+    receiver, events = await run_traced(start_server, request)
+    spans = receiver.spans
+    assert spans, "spans were exported"
+    assert {s.trace_id for s in spans} == {CLIENT_TRACE}, "one trace, the gateway's"
+    (rpc,) = receiver.named(RPC_SPAN)
+    assert rpc.parent_span_id == CLIENT_SPAN, "the RPC span is a child of the client span"
+    (run,) = receiver.named("roundtable.run")
+    by_id = {s.span_id: s for s in spans}
+    for node in (
+        "hydrate_context",
+        "route_session",
+        "classify_directive",
+        "supervisor",
+        "dispatch",
+        "convergence",
+        "propose_memory",
+    ):
+        assert receiver.named(node), f"a span for node {node}"
+        assert all(by_id[s.parent_span_id] is run for s in receiver.named(node))
+    agents = [s for s in spans if s.name.startswith("invoke_agent ")]
+    assert agents and all(by_id[s.parent_span_id].name == "dispatch" for s in agents)
+    assert {s.attributes["gen_ai.agent.id"] for s in agents} == {
+        f.member_id for f in finals(events)
+    }
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    parents = {by_id[s.parent_span_id].name for s in chats}
+    assert "supervisor" in parents and any(p.startswith("invoke_agent ") for p in parents)
+    member_chat = next(s for s in chats if by_id[s.parent_span_id].name == "invoke_agent Alice")
+    assert member_chat.attributes["gen_ai.operation.name"] == "chat"
+    assert member_chat.attributes["gen_ai.provider.name"] == "offline"
+    assert member_chat.attributes["gen_ai.request.model"] == "member-model"
+    assert member_chat.attributes["gen_ai.usage.output_tokens"] > 0
+    assert member_chat.attributes["gen_ai.conversation.id"] == "th-9"
+    for span in spans:
+        attrs = span.attributes
+        assert attrs[THREAD_ID] == "th-9" and attrs[RUN_ID] == "traced-1", span.name
+        assert attrs[TENANT] == "tenant-1" and attrs[REQUEST_ID] == request.context.request_id
+        assert attrs[CALLER_NODE], span.name
+        text = repr(attrs)
+        assert "SECRET-PERSONA-TEXT" not in text and "USER-TEXT-MARKER" not in text
+        assert not any(f.content in text for f in finals(events))
+    assert {s.attributes[CALLER_NODE] for s in chats} >= {"supervisor", "dispatch"}
+
+
+async def test_count_off_has_a_deterministic_router_span(start_server) -> None:
+    receiver, _ = await run_traced(start_server, start_request("报数", run_id="traced-2"))
+    assert receiver.named("deterministic_router") and not receiver.named("supervisor")
+    assert len([s for s in receiver.spans if s.name.startswith("invoke_agent ")]) == 4
+
+
+async def test_a_resumed_run_continues_the_new_trace_and_links_to_the_first(start_server) -> None:
+    slow = spb.ModelRef(
+        target=spb.ModelTarget(
+            provider="offline", model="slow", base_url="offline:?token_delay_ms=15"
+        )
+    )
+    roster = [member(m, n, model=slow) for m, n in (("a", "Alice"), ("b", "Bob"), ("c", "Carol"))]
+    request = start_request("@all hi", members=roster, run_id="traced-3", thread_id="th-3")
+    second_trace, second_span = "11111111111111111111111111111111", "2222222222222222"
+    with OtlpReceiver() as receiver:
+        telemetry = telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+        async with start_server(telemetry=telemetry) as server:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                stub = pb_grpc.OrchestratorServiceStub(channel)
+                call = stub.StartRun(request, metadata=traceparent())
+                async for response in call:
+                    if response.event.WhichOneof("payload") == "speaker_started":
+                        await stub.CancelRun(
+                            pb.CancelRunRequest(
+                                run_id="traced-3", tenant="tenant-1", mode=pb.CANCEL_MODE_IMMEDIATE
+                            )
+                        )
+                await collect(
+                    stub.StartRun(request, metadata=traceparent(second_trace, second_span))
+                )
+            telemetry.force_flush()
+    runs = receiver.named("roundtable.run")
+    assert len(runs) == 2
+    first_rpc = next(s for s in receiver.named(RPC_SPAN) if s.trace_id == CLIENT_TRACE)
+    resumed = next(s for s in runs if s.trace_id == second_trace)
+    assert resumed.attributes["roundtable.resumed"] is True
+    assert resumed.links == [(CLIENT_TRACE, first_rpc.span_id)]
+
+
+async def test_metrics_are_exported(start_server) -> None:
+    with OtlpReceiver() as receiver:
+        telemetry = telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+        async with start_server(telemetry=telemetry) as server:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                stub = pb_grpc.OrchestratorServiceStub(channel)
+                await collect(stub.StartRun(start_request("报数")))
+            telemetry.force_flush()
+    assert receiver.metric_names >= {
+        "roundtable.runs",
+        "roundtable.run.duration",
+        "roundtable.speaker.duration",
+        "gen_ai.client.operation.duration",
+        "roundtable.events.streamed",
+    }
+
+
+def test_nothing_is_exported_without_an_endpoint() -> None:
+    assert not telemetry_from_env({}).enabled
+    assert not telemetry_from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_SDK_DISABLED": "true"}
+    ).enabled
