@@ -89,26 +89,26 @@ async def test_breaker_opens_fails_over_and_a_half_open_probe_closes_it(
     async with OpenAITestServer() as primary, OpenAITestServer() as backup:
         backup_target = spb.ModelTarget(provider="openai", model="backup", base_url=backup.base_url)
         ref = openai_ref(primary.base_url, "primary", backup_target)
-        async with start_server(
-            breaker_failure_threshold=2, breaker_cooldown_seconds=0.5, model_max_retries=0
-        ) as server:
-            async with grpc.aio.insecure_channel(server.address) as channel:
-                stub = pb_grpc.OrchestratorServiceStub(channel)
-                primary.script(Fail(status=503), Fail(status=503))
-                for i in range(2):  # two failures open the breaker; each turn fails over
-                    events = await collect(stub.StartRun(single("hi", ref, f"b-{i}")))
-                    assert finals(events)[0].model == "openai/backup"
-                assert len(primary.requests) == 2
-                events = await collect(stub.StartRun(single("hi", ref, "b-open")))
+        async with (
+            start_server(
+                breaker_failure_threshold=2, breaker_cooldown_seconds=0.5, model_max_retries=0
+            ) as server,
+            grpc.aio.insecure_channel(server.address) as channel,
+        ):
+            stub = pb_grpc.OrchestratorServiceStub(channel)
+            primary.script(Fail(status=503), Fail(status=503))
+            for i in range(2):  # two failures open the breaker; each turn fails over
+                events = await collect(stub.StartRun(single("hi", ref, f"b-{i}")))
                 assert finals(events)[0].model == "openai/backup"
-                assert len(primary.requests) == 2, (
-                    "an open breaker keeps calls off the failing target"
-                )
-                assert "breaker_open" in [
-                    line["status"] for line in audit(caplog) if line["run_id"] == "b-open"
-                ]
-                await asyncio.sleep(0.6)  # cool-down: the next call is the half-open probe
-                events = await collect(stub.StartRun(single("hi", ref, "b-probe")))
-                assert finals(events)[0].model == "openai/primary"
-                events = await collect(stub.StartRun(single("hi", ref, "b-closed")))
-                assert finals(events)[0].model == "openai/primary", "the probe closed the breaker"
+            assert len(primary.requests) == 2
+            events = await collect(stub.StartRun(single("hi", ref, "b-open")))
+            assert finals(events)[0].model == "openai/backup"
+            assert len(primary.requests) == 2, "an open breaker keeps calls off the failing target"
+            assert "breaker_open" in [
+                line["status"] for line in audit(caplog) if line["run_id"] == "b-open"
+            ]
+            await asyncio.sleep(0.6)  # cool-down: the next call is the half-open probe
+            events = await collect(stub.StartRun(single("hi", ref, "b-probe")))
+            assert finals(events)[0].model == "openai/primary"
+            events = await collect(stub.StartRun(single("hi", ref, "b-closed")))
+            assert finals(events)[0].model == "openai/primary", "the probe closed the breaker"

@@ -22,7 +22,7 @@ def traceparent(
     return (("traceparent", f"00-{trace_id}-{span_id}-01"), ("baggage", "tenant=tenant-1"))
 
 
-async def run_traced(start_server, request, *, metadata=traceparent()) -> tuple[OtlpReceiver, list]:
+async def run_traced(start_server, request) -> tuple[OtlpReceiver, list]:
     with OtlpReceiver() as receiver:
         telemetry = telemetry_from_env(
             {
@@ -33,7 +33,7 @@ async def run_traced(start_server, request, *, metadata=traceparent()) -> tuple[
         async with start_server(telemetry=telemetry) as server:
             async with grpc.aio.insecure_channel(server.address) as channel:
                 stub = pb_grpc.OrchestratorServiceStub(channel)
-                events = await collect(stub.StartRun(request, metadata=metadata))
+                events = await collect(stub.StartRun(request, metadata=traceparent()))
             telemetry.force_flush()
     return receiver, events
 
