@@ -12,7 +12,7 @@ BUF := npx --yes @bufbuild/buf@1.75.0
 GO_TOOLS := $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 ARGS ?=
 
-.PHONY: help run test lint generate checkgenerate breaking demo graph tools venv clean
+.PHONY: help run test lint generate checkgenerate breaking demo graph tools venv postgres clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -37,8 +37,8 @@ tools: $(GO_TOOLS) ## Install the Go code generators and grpcurl into .tools/bin
 run: venv ## Serve on 127.0.0.1:50051 with a SQLite file under ./var and the offline model
 	$(VENV)/bin/roundtable serve $(ARGS)
 
-test: venv tools ## Run the whole test suite (real servers, real ports)
-	$(PY) -m pytest $(ARGS)
+test: venv tools ## Run the whole test suite (real servers, real ports, SQLite and Postgres)
+	eval "$$(scripts/postgres.sh env)"; $(PY) -m pytest $(ARGS)
 
 generate: venv tools ## Regenerate Python and Go code from proto/
 	scripts/generate.sh
@@ -68,5 +68,9 @@ graph: venv ## Print the conversation graph as Mermaid
 demo: venv ## Start a sidecar, run a count-off, an @mention, an open discussion and a stop
 	scripts/demo.sh
 
+postgres: ## Start the test PostgreSQL (installs it from Debian if missing) and print its DSN
+	scripts/postgres.sh
+
 clean: ## Remove the venv, tools, databases and caches
+	scripts/postgres.sh stop
 	rm -rf $(VENV) .tools var .pytest_cache .mypy_cache .ruff_cache

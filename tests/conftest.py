@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from support.stores import drop_schema, new_schema, postgres_dsn
+
 from roundtable.models.base import ChatProvider
 from roundtable.server import RunningServer, running_server
 from roundtable.settings import Settings
@@ -19,19 +21,33 @@ from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 ServerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningServer]]
 
 
-def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+def make_settings(store_url: str, **overrides: Any) -> Settings:
     """Settings for a test server: port 0, a fresh database, fast retries."""
     base = Settings(
         listen="127.0.0.1:0",
-        store=f"sqlite:///{tmp_path / 'roundtable.db'}",
+        store=store_url,
         model_retry_backoff_seconds=0.01,
         grace_seconds=2.0,
     )
     return dataclasses.replace(base, **overrides)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store for one test: every server test runs on SQLite and on Postgres."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'roundtable.db'}"
+        return
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    try:
+        yield url
+    finally:
+        drop_schema(dsn, url)
+
+
 @pytest.fixture
-def start_server(tmp_path: Path) -> ServerFactory:
+def start_server(store_url: str) -> ServerFactory:
     """Starts a server: `async with start_server(providers=..., telemetry=..., **settings)`."""
 
     @contextlib.asynccontextmanager
@@ -41,7 +57,7 @@ def start_server(tmp_path: Path) -> ServerFactory:
         telemetry: Telemetry | None = None,
         **overrides: Any,
     ) -> AsyncIterator[RunningServer]:
-        settings = make_settings(tmp_path, **overrides)
+        settings = make_settings(store_url, **overrides)
         # Tests export nothing unless they ask to: a developer's OTEL_* variables stay out.
         async with running_server(
             settings, extra_providers=providers, telemetry=telemetry or disabled()

@@ -34,7 +34,8 @@ from roundtable.models.offline import offline_factory
 from roundtable.models.openai_compat import build_openai_provider
 from roundtable.runs.manager import RunManager
 from roundtable.settings import Settings
-from roundtable.store.sqlite import SqliteRunStore, sqlite_path
+from roundtable.store.base import RunStore
+from roundtable.store.factory import open_store
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.setup import Telemetry, telemetry_from_env
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -98,7 +99,7 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     manager: RunManager
-    store: SqliteRunStore
+    store: RunStore
     health: HealthServicer
     harness: Harness
     telemetry: Telemetry
@@ -123,7 +124,7 @@ async def running_server(
     """
     telemetry = telemetry or telemetry_from_env(os.environ)
     metrics = Metrics(telemetry.meter("roundtable"))
-    store = await SqliteRunStore.open(sqlite_path(settings.store))
+    store = await open_store(settings.store)
     interrupted = await store.mark_interrupted()
     if interrupted:
         log.warning(
@@ -143,6 +144,8 @@ async def running_server(
         durability=settings.checkpoint_durability,
         tracer=telemetry.tracer("roundtable.graph"),
         metrics=metrics,
+        owner=settings.replica_id,
+        lease_s=settings.lease_seconds,
     )
     limits = request_limits(settings)
     server = grpc.aio.server(

@@ -18,10 +18,15 @@ class Settings:
     listen: str = "127.0.0.1:50051"
     """host:port to listen on."""
     store: str = "sqlite:///var/roundtable.db"
-    """Where runs and events live: sqlite:///path/to/file.db."""
+    """Where runs, events and checkpoints live: sqlite:///path/to/file.db, or
+    postgresql://user@host:port/db for several replicas."""
     checkpoint_durability: str = "async"
     """LangGraph checkpoint durability: async or sync (a checkpoint every super-step, so at
     every speaker boundary), or exit (one at the end; the event log still makes resume exact)."""
+    replica_id: str = ""
+    """This replica's id in run leases (default: host-pid-random)."""
+    lease_seconds: float = 10.0
+    """How long a replica's claim on a live run lasts without renewal (renewed every third)."""
     grace_seconds: float = 10.0
     """On SIGTERM/SIGINT: seconds live runs get to reach a speaker boundary."""
     log_level: str = "INFO"

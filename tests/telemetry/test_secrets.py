@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from pathlib import Path
 
 import grpc
 from roundtable.telemetry.setup import telemetry_from_env
@@ -14,14 +13,10 @@ from roundtable.v1 import snapshot_pb2 as spb
 from support.builders import collect, finals, member, start_request
 from support.openai_server import Fail, OpenAITestServer, Reply
 from support.otlp import OtlpReceiver
+from support.stores import written_bytes
 
 
-def database_bytes(tmp_path: Path) -> bytes:
-    """Every byte SQLite wrote: the database file, its WAL and shared memory."""
-    return b"".join(p.read_bytes() for p in tmp_path.glob("roundtable.db*"))
-
-
-async def test_secret_never_leaves_the_runtime_context(start_server, tmp_path, caplog) -> None:
+async def test_secret_never_leaves_the_runtime_context(start_server, store_url, caplog) -> None:
     secret = f"sk-canary-{uuid.uuid4().hex}"
     persona = f"PERSONA-CANARY-{uuid.uuid4().hex}"
     caplog.set_level(logging.DEBUG, logger="roundtable")
@@ -63,7 +58,7 @@ async def test_secret_never_leaves_the_runtime_context(start_server, tmp_path, c
     assert len(finals(events)) == 2, "the run went through, retry included"
 
     places = {
-        "database": database_bytes(tmp_path).decode("utf-8", "replace"),
+        "database": written_bytes(store_url).decode("utf-8", "replace"),
         "event stream": "".join(e.SerializeToString().decode("utf-8", "replace") for e in events),
         "logs": "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records),
         "spans": json.dumps([(s.name, s.attributes) for s in receiver.spans], default=str),

@@ -9,7 +9,7 @@ the run's results instead of growing with the history.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,10 +36,22 @@ class EventSink(Protocol):
 
 
 class StopSignal:
-    """A graceful stop request, checked by dispatch at every speaker boundary."""
+    """A graceful stop request, checked by dispatch at every speaker boundary.
+
+    With a shared store, `poller` also asks the store whether another replica recorded a
+    cancel for this run (one query per speaker boundary).
+    """
 
     def __init__(self) -> None:
         self.reason = ""
+        self.poller: Callable[[], Awaitable[str]] | None = None
+
+    async def refresh(self) -> None:
+        """Picks up a stop recorded elsewhere (no-op without a poller)."""
+        if self.poller is not None and not self.reason:
+            reason = await self.poller()
+            if reason:
+                self.request(reason)
 
     @property
     def requested(self) -> bool:

@@ -26,6 +26,8 @@ class Subscription:
         if ended:
             self.queue.put_nowait(_END)
         self.reached_end = False
+        self.follower: asyncio.Task[None] | None = None
+        """For a run another replica executes: the task that pumps its event log in."""
 
     async def __aiter__(self) -> AsyncIterator[epb.RunEvent]:
         while True:
@@ -50,6 +52,7 @@ class LiveRun:
     task: asyncio.Task[None] | None = None
     graph_task: asyncio.Task[Any] | None = None
     immediate: bool = False
+    lease_lost: bool = False
 
     @property
     def key(self) -> tuple[str, str]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +57,13 @@ from roundtable.v1 import events_pb2 as epb
 log = logging.getLogger(__name__)
 
 SHUTDOWN_REASON = "server_shutdown"
+ACTIVE = frozenset({RunStatus.RUNNING, RunStatus.QUEUED})
+TERMINAL_KINDS = frozenset({"run_completed", "run_cancelled", "run_failed"})
+
+
+def default_owner() -> str:
+    """A replica id unique to this process: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _trace_context() -> str:
@@ -99,8 +109,14 @@ class RunManager:
         durability: str = "async",
         tracer: trace.Tracer | None = None,
         metrics: Metrics | None = None,
+        owner: str = "",
+        lease_s: float = 10.0,
+        follow_poll_s: float = 0.05,
     ) -> None:
         self.store = store
+        self.owner = owner or default_owner()
+        self.lease_s = lease_s
+        self.follow_poll_s = follow_poll_s
         self.graph = graph
         self.harness = harness
         self.graph_settings = graph_settings or GraphSettings()
@@ -132,7 +148,11 @@ class RunManager:
             record = await self.store.get_run(ctx.tenant, ctx.run_id)
             if record is not None:
                 self._check_fingerprint(record, request)
-                if record.status not in RESUMABLE:
+                if record.status in ACTIVE:
+                    if record.leased_by_other(self.owner, time.time()):
+                        return self._follow(record, after_seq=0)
+                    # Otherwise the process that ran it is gone (its lease expired): resume.
+                elif record.status not in RESUMABLE:
                     return await self._replay(record)
             if self._draining:
                 raise Draining()
@@ -152,10 +172,16 @@ class RunManager:
                     created_at=now,
                     updated_at=now,
                     trace_context=_trace_context(),
+                    owner=self.owner,
+                    lease_until=now + self.lease_s,
                 )
                 await self.store.create_run(record)
                 prior_events: list[epb.RunEvent] = []
             else:
+                if not await self.store.acquire_lease(
+                    ctx.tenant, ctx.run_id, self.owner, self.lease_s
+                ):
+                    return self._follow(record, after_seq=0)  # another replica got there first
                 prior_events = [
                     epb.RunEvent.FromString(e.body)
                     for e in await self.store.read_events(ctx.tenant, ctx.run_id, 0)
@@ -280,6 +306,9 @@ class RunManager:
         sink = RunSink(live, self.store, first_seq=record.last_seq)
         request = live.request
         status = RunStatus.FAILED
+        keeper = asyncio.create_task(self._keep_lease(live), name=f"lease:{record.run_id}")
+        if self.store.shared:
+            live.stop.poller = lambda: self._remote_cancel(record)
         try:
             if wait_for is not None:
                 await wait_for.done.wait()
@@ -337,6 +366,8 @@ class RunManager:
                 RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
             )
         except asyncio.CancelledError:
+            if live.lease_lost:
+                return  # nothing more may be written for a run another replica owns
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 # The process is stopping: the run is interrupted, not cancelled by anyone.
@@ -363,16 +394,87 @@ class RunManager:
                 )
             status = RunStatus.FAILED
         finally:
+            keeper.cancel()
             sink.flush()
-            record.status = status
-            record.plan_json = live.progress.plan_json()
-            record.finished_reply_ids = live.progress.finished_reply_ids
-            with contextlib.suppress(Exception):
-                await self.store.update_run(record)
-            self._live.pop(live.key, None)
-            if self._threads.get(live.thread_key) is live:
-                self._threads.pop(live.thread_key, None)
-            live.finish()
+            # With the lease lost, another replica owns the run: it writes the record, not us.
+            if not live.lease_lost:
+                record.status = status
+                record.plan_json = live.progress.plan_json()
+                record.finished_reply_ids = live.progress.finished_reply_ids
+                with contextlib.suppress(Exception):
+                    await self.store.update_run(record)
+                    await self.store.release_lease(record.tenant, record.run_id, self.owner)
+            self._forget(live)
+
+    def _forget(self, live: LiveRun) -> None:
+        self._live.pop(live.key, None)
+        if self._threads.get(live.thread_key) is live:
+            self._threads.pop(live.thread_key, None)
+        live.finish()
+
+    async def _keep_lease(self, live: LiveRun) -> None:
+        """Renews the run's lease while it runs; honours cancels recorded by other replicas.
+
+        A lost lease means another replica took the run over (this one was presumed dead):
+        stop at once, so one run never executes twice.
+        """
+        record = live.record
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                kept = await self.store.renew_lease(
+                    record.tenant, record.run_id, self.owner, self.lease_s
+                )
+                if self.store.shared:
+                    reason = await self._remote_cancel(record, immediate_only=True)
+                    if reason and live.graph_task is not None:
+                        live.stop.request(reason)
+                        live.graph_task.cancel()
+            except Exception as exc:  # the store is unreachable: keep trying until expiry
+                log.warning("lease renewal of %s failed: %s", record.run_id, type(exc).__name__)
+                continue
+            if not kept:
+                log.error("lease of run %s was taken over; stopping here", record.run_id)
+                live.lease_lost = True
+                if live.graph_task is not None:
+                    live.graph_task.cancel()
+                return
+
+    async def _remote_cancel(self, record: RunRecord, *, immediate_only: bool = False) -> str:
+        """The reason of a cancel another replica recorded for this run, or ""."""
+        current = await self.store.get_run(record.tenant, record.run_id)
+        if current is None or not current.cancel_mode:
+            return ""
+        if immediate_only and current.cancel_mode != "immediate":
+            return ""
+        return current.cancel_reason or "cancel_requested"
+
+    def _follow(self, record: RunRecord, *, after_seq: int) -> Subscription:
+        """Follows a run another replica executes, through the event log, to its end."""
+        subscription = Subscription([], ended=False)
+        subscription.follower = asyncio.create_task(
+            self._pump(record.tenant, record.run_id, after_seq, subscription),
+            name=f"follow:{record.run_id}",
+        )
+        return subscription
+
+    async def _pump(self, tenant: str, run_id: str, after_seq: int, sub: Subscription) -> None:
+        seen = after_seq
+        while True:
+            stored = await self.store.read_events(tenant, run_id, seen)
+            for item in stored:
+                event = epb.RunEvent.FromString(item.body)
+                sub.queue.put_nowait(event)
+                seen = event.seq
+                if event.WhichOneof("payload") in TERMINAL_KINDS:
+                    sub.queue.put_nowait(None)
+                    return
+            if not stored:
+                record = await self.store.get_run(tenant, run_id)
+                if record is None or record.status not in ACTIVE:
+                    sub.queue.put_nowait(None)
+                    return
+            await asyncio.sleep(self.follow_poll_s)
 
     # -- following, cancelling, describing --------------------------------------------------
 
@@ -394,6 +496,8 @@ class RunManager:
         record = await self.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
+        if record.status in ACTIVE and record.leased_by_other(self.owner, time.time()):
+            return self._follow(record, after_seq=after_seq)
         stored = await self.store.read_events(tenant, run_id, 0)
         last = stored[-1].seq if stored else 0
         if after_seq > last:
@@ -406,6 +510,8 @@ class RunManager:
 
     def unsubscribe(self, tenant: str, run_id: str, sub: Subscription) -> None:
         """Detaches a stream whose client went away."""
+        if sub.follower is not None:
+            sub.follower.cancel()
         live = self._live.get((tenant, run_id))
         if live is not None:
             live.unsubscribe(sub)
@@ -426,6 +532,12 @@ class RunManager:
                 live.graph_task.cancel()
             return CancelResult(True, live.record, live.progress)
         record, progress = await self.describe(tenant, run_id)
+        if record.status in ACTIVE and record.leased_by_other(self.owner, time.time()):
+            # Another replica runs it: record the cancel there; it stops at its next
+            # speaker boundary (an immediate cancel within a third of a lease).
+            mode = "immediate" if immediate else "graceful"
+            await self.store.request_cancel(tenant, run_id, mode, reason or "cancel_requested")
+            return CancelResult(True, record, progress)
         return CancelResult(False, record, progress)
 
     async def describe(self, tenant: str, run_id: str) -> tuple[RunRecord, Progress]:

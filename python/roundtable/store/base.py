@@ -61,6 +61,17 @@ class RunRecord:
     finished_reply_ids: list[str] = field(default_factory=list)
     trace_context: str = ""
     """`<trace_id>-<span_id>` (hex) of the span that first ran the run: resumes link to it."""
+    owner: str = ""
+    """The replica executing the run ("" when none)."""
+    lease_until: float = 0.0
+    """Seconds since the epoch until which `owner` holds the run; renewed while it runs."""
+    cancel_mode: str = ""
+    """A cancel recorded for the owner to honour: "graceful" or "immediate" ("" when none)."""
+    cancel_reason: str = ""
+
+    def leased_by_other(self, owner: str, now: float) -> bool:
+        """Whether another replica holds a live lease on the run."""
+        return bool(self.owner) and self.owner != owner and self.lease_until > now
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +116,36 @@ class RunStore(Protocol):
         ...
 
     async def mark_interrupted(self) -> int:
-        """Marks every run left `running` or `queued` as interrupted; returns how many."""
+        """Marks runs left `running` or `queued` by a dead process as interrupted.
+
+        A SQLite file belongs to one process, so every such run is marked; a shared store
+        marks only runs whose lease has expired. Returns how many were marked.
+        """
+        ...
+
+    async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        """Takes the run for `owner` unless another replica holds a live lease."""
+        ...
+
+    async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        """Extends `owner`'s lease; False when the lease was lost (another replica took over)."""
+        ...
+
+    async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
+        """Gives the run up (it ended here)."""
+        ...
+
+    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
+        """Records a cancel for whichever replica runs the run."""
         ...
 
     async def count_rows(self) -> int:
         """Rows in the registry, the log and the checkpoint tables together (for tests)."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes may run this store's runs (leases and remote cancels matter)."""
         ...
 
     async def close(self) -> None:

@@ -23,6 +23,10 @@ CREATE TABLE IF NOT EXISTS rt_runs (
     finished_reply_ids TEXT NOT NULL DEFAULT '[]',
     last_seq INTEGER NOT NULL DEFAULT 0,
     trace_context TEXT NOT NULL DEFAULT '',
+    owner TEXT NOT NULL DEFAULT '',
+    lease_until REAL NOT NULL DEFAULT 0,
+    cancel_mode TEXT NOT NULL DEFAULT '',
+    cancel_reason TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     PRIMARY KEY (tenant, run_id)
@@ -74,12 +78,16 @@ def _record(row: aiosqlite.Row) -> RunRecord:
         created_at=row[8],
         updated_at=row[9],
         trace_context=row[10],
+        owner=row[11],
+        lease_until=row[12],
+        cancel_mode=row[13],
+        cancel_reason=row[14],
     )
 
 
 _COLUMNS = (
     "tenant, run_id, thread_id, fingerprint, status, plan_json, finished_reply_ids, "
-    "last_seq, created_at, updated_at, trace_context"
+    "last_seq, created_at, updated_at, trace_context, owner, lease_until, cancel_mode, cancel_reason"
 )
 
 
@@ -102,7 +110,7 @@ class SqliteRunStore:
 
     async def create_run(self, record: RunRecord) -> None:
         await self.conn.execute(
-            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 record.tenant,
                 record.run_id,
@@ -115,6 +123,10 @@ class SqliteRunStore:
                 record.created_at,
                 record.updated_at,
                 record.trace_context,
+                record.owner,
+                record.lease_until,
+                record.cancel_mode,
+                record.cancel_reason,
             ),
         )
 
@@ -167,11 +179,45 @@ class SqliteRunStore:
 
     async def mark_interrupted(self) -> int:
         cursor = await self.conn.execute(
-            "UPDATE rt_runs SET status='interrupted', updated_at=? "
+            # The file belongs to this process: whoever held these runs is gone.
+            "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=? "
             "WHERE status IN ('running','queued')",
             (time.time(),),
         )
         return cursor.rowcount
+
+    async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        now = time.time()
+        cursor = await self.conn.execute(
+            "UPDATE rt_runs SET owner=?, lease_until=? WHERE tenant=? AND run_id=? "
+            "AND (owner='' OR owner=? OR lease_until<?)",
+            (owner, now + ttl_s, tenant, run_id, owner, now),
+        )
+        return cursor.rowcount == 1
+
+    async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        cursor = await self.conn.execute(
+            "UPDATE rt_runs SET lease_until=? WHERE tenant=? AND run_id=? AND owner=?",
+            (time.time() + ttl_s, tenant, run_id, owner),
+        )
+        return cursor.rowcount == 1
+
+    async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
+        await self.conn.execute(
+            "UPDATE rt_runs SET owner='', lease_until=0, cancel_mode='', cancel_reason='' "
+            "WHERE tenant=? AND run_id=? AND owner=?",
+            (tenant, run_id, owner),
+        )
+
+    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
+        await self.conn.execute(
+            "UPDATE rt_runs SET cancel_mode=?, cancel_reason=? WHERE tenant=? AND run_id=?",
+            (mode, reason, tenant, run_id),
+        )
+
+    @property
+    def shared(self) -> bool:
+        return False
 
     async def count_rows(self) -> int:
         async with self.conn.execute(

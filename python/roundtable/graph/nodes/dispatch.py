@@ -58,6 +58,7 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
     if cursor >= len(steps):
         return {"cursor": cursor, "replies": replies}
     await asyncio.sleep(0)
+    await ctx.stop.refresh()
     if ctx.stop.requested:
         raise Drained(ctx.stop.reason)
     outcome = await speak(ctx, step_from_dict(steps[cursor]), replies)

@@ -1,0 +1,235 @@
+"""The shared store: run registry, event log and LangGraph checkpoints in one Postgres.
+
+Several replicas use it at once. A lease on each live run (owner, expiry, renewed while
+running) keeps two replicas from executing one run; a cancel recorded here reaches the
+replica that owns the run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from roundtable.store.base import RunRecord, RunStatus, StoredEvent
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rt_runs (
+    tenant TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    thread_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    plan_json TEXT NOT NULL DEFAULT '[]',
+    finished_reply_ids TEXT NOT NULL DEFAULT '[]',
+    last_seq BIGINT NOT NULL DEFAULT 0,
+    trace_context TEXT NOT NULL DEFAULT '',
+    owner TEXT NOT NULL DEFAULT '',
+    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0,
+    cancel_mode TEXT NOT NULL DEFAULT '',
+    cancel_reason TEXT NOT NULL DEFAULT '',
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (tenant, run_id)
+);
+CREATE INDEX IF NOT EXISTS rt_runs_thread ON rt_runs (tenant, thread_id, created_at);
+CREATE TABLE IF NOT EXISTS rt_events (
+    tenant TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    body BYTEA NOT NULL,
+    PRIMARY KEY (tenant, run_id, seq)
+);
+"""
+
+_COLUMNS = (
+    "tenant, run_id, thread_id, fingerprint, status, plan_json, finished_reply_ids, last_seq, "
+    "created_at, updated_at, trace_context, owner, lease_until, cancel_mode, cancel_reason"
+)
+
+
+def _record(row: dict[str, Any]) -> RunRecord:
+    return RunRecord(
+        tenant=row["tenant"],
+        run_id=row["run_id"],
+        thread_id=row["thread_id"],
+        fingerprint=row["fingerprint"],
+        status=RunStatus(row["status"]),
+        plan_json=row["plan_json"],
+        finished_reply_ids=json.loads(row["finished_reply_ids"]),
+        last_seq=row["last_seq"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        trace_context=row["trace_context"],
+        owner=row["owner"],
+        lease_until=row["lease_until"],
+        cancel_mode=row["cancel_mode"],
+        cancel_reason=row["cancel_reason"],
+    )
+
+
+class PostgresRunStore:
+    """Run registry and event log in Postgres, over one async connection pool."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], checkpointer: AsyncPostgresSaver) -> None:
+        self.pool = pool
+        self.checkpointer = checkpointer
+
+    @classmethod
+    async def open(cls, dsn: str, *, max_size: int = 10) -> PostgresRunStore:
+        """Connects, creates our tables and LangGraph's, and returns the store."""
+        # autocommit + dict rows: what LangGraph's saver requires of a shared pool; every
+        # statement of ours is its own transaction too.
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max_size,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+            open=False,
+        )
+        await pool.open(wait=True)
+        async with pool.connection() as conn:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                await conn.execute(statement)
+        saver = AsyncPostgresSaver(pool)
+        await saver.setup()
+        return cls(pool, saver)
+
+    async def _execute(self, sql: str, params: tuple[Any, ...]) -> int:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(sql, params)
+            return int(cursor.rowcount)
+
+    async def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(sql, params)
+            return list(await cursor.fetchall())
+
+    async def create_run(self, record: RunRecord) -> None:
+        await self._execute(
+            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES "
+            "(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            (
+                record.tenant,
+                record.run_id,
+                record.thread_id,
+                record.fingerprint,
+                record.status.value,
+                record.plan_json,
+                json.dumps(record.finished_reply_ids),
+                record.last_seq,
+                record.created_at,
+                record.updated_at,
+                record.trace_context,
+                record.owner,
+                record.lease_until,
+                record.cancel_mode,
+                record.cancel_reason,
+            ),
+        )
+
+    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=%s AND run_id=%s", (tenant, run_id)
+        )
+        return _record(rows[0]) if rows else None
+
+    async def update_run(self, record: RunRecord) -> None:
+        record.updated_at = time.time()
+        await self._execute(
+            "UPDATE rt_runs SET status=%s, plan_json=%s, finished_reply_ids=%s, last_seq=%s, "
+            "updated_at=%s WHERE tenant=%s AND run_id=%s",
+            (
+                record.status.value,
+                record.plan_json,
+                json.dumps(record.finished_reply_ids),
+                record.last_seq,
+                record.updated_at,
+                record.tenant,
+                record.run_id,
+            ),
+        )
+
+    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
+        await self._execute(
+            "INSERT INTO rt_events (tenant, run_id, seq, kind, body) VALUES (%s,%s,%s,%s,%s)",
+            (tenant, run_id, event.seq, event.kind, event.body),
+        )
+
+    async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
+        rows = await self._fetch(
+            "SELECT seq, kind, body FROM rt_events WHERE tenant=%s AND run_id=%s AND seq>%s "
+            "ORDER BY seq",
+            (tenant, run_id, after_seq),
+        )
+        return [StoredEvent(r["seq"], r["kind"], bytes(r["body"])) for r in rows]
+
+    async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=%s AND thread_id=%s "
+            "AND status IN ('cancelled','interrupted') ORDER BY created_at DESC LIMIT 1",
+            (tenant, thread_id),
+        )
+        return _record(rows[0]) if rows else None
+
+    async def mark_interrupted(self) -> int:
+        now = time.time()
+        return await self._execute(
+            "UPDATE rt_runs SET status='interrupted', updated_at=%s "
+            "WHERE status IN ('running','queued') AND lease_until<%s",
+            (now, now),
+        )
+
+    async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        now = time.time()
+        return (
+            await self._execute(
+                "UPDATE rt_runs SET owner=%s, lease_until=%s WHERE tenant=%s AND run_id=%s "
+                "AND (owner='' OR owner=%s OR lease_until<%s)",
+                (owner, now + ttl_s, tenant, run_id, owner, now),
+            )
+            == 1
+        )
+
+    async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        return (
+            await self._execute(
+                "UPDATE rt_runs SET lease_until=%s WHERE tenant=%s AND run_id=%s AND owner=%s",
+                (time.time() + ttl_s, tenant, run_id, owner),
+            )
+            == 1
+        )
+
+    async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
+        await self._execute(
+            "UPDATE rt_runs SET owner='', lease_until=0, cancel_mode='', cancel_reason='' "
+            "WHERE tenant=%s AND run_id=%s AND owner=%s",
+            (tenant, run_id, owner),
+        )
+
+    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
+        await self._execute(
+            "UPDATE rt_runs SET cancel_mode=%s, cancel_reason=%s WHERE tenant=%s AND run_id=%s",
+            (mode, reason, tenant, run_id),
+        )
+
+    async def count_rows(self) -> int:
+        rows = await self._fetch(
+            "SELECT (SELECT COUNT(*) FROM rt_runs) + (SELECT COUNT(*) FROM rt_events)"
+            " + (SELECT COUNT(*) FROM checkpoints) + (SELECT COUNT(*) FROM checkpoint_writes)"
+            " AS n",
+            (),
+        )
+        return int(rows[0]["n"])
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        await self.pool.close()

@@ -1,0 +1,60 @@
+"""Test databases: a fresh SQLite file or a fresh Postgres schema per test, and a way to
+read back every byte a store wrote (for the secret-canary checks)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+DSN_VARIABLE = "ROUNDTABLE_TEST_POSTGRES_DSN"
+
+
+def postgres_dsn() -> str:
+    """The test server's DSN; in CI its absence is a failure, elsewhere a skip."""
+    dsn = os.environ.get(DSN_VARIABLE, "")
+    if not dsn:
+        if os.environ.get("CI"):
+            pytest.fail(f"{DSN_VARIABLE} is not set: .ci/run must start PostgreSQL")
+        pytest.skip(f"{DSN_VARIABLE} is not set (make test starts PostgreSQL and sets it)")
+    return dsn
+
+
+def new_schema(dsn: str) -> str:
+    """Creates an empty schema; returns a DSN whose search_path is that schema."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    separator = "&" if "?" in dsn else "?"
+    return f"{dsn}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+def drop_schema(dsn: str, schema_dsn: str) -> None:
+    """Drops the schema a `new_schema` DSN points at."""
+    schema = schema_dsn.rsplit("search_path%3D", 1)[1]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def written_bytes(store_url: str) -> bytes:
+    """Everything the store holds, as raw bytes: SQLite's files, or every row of every table."""
+    if store_url.startswith("sqlite:///"):
+        path = Path(store_url.removeprefix("sqlite:///"))
+        return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+    out = bytearray()
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        ).fetchall()
+        for (table,) in tables:
+            for row in conn.execute(f'SELECT * FROM "{table}"'):
+                for value in row:
+                    if isinstance(value, bytes | bytearray | memoryview):
+                        out += bytes(value)
+                    elif value is not None:
+                        out += str(value).encode()
+    return bytes(out)
