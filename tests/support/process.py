@@ -19,7 +19,8 @@ _SERVING = re.compile(r"serving on [\d.]+:(\d+)")
 class ServerProcess:
     """`roundtable serve` on a free port with a given database; stderr goes to a file."""
 
-    def __init__(self, db: Path, log: Path, *extra_args: str) -> None:
+    def __init__(self, db: Path | str, log: Path, *extra_args: str) -> None:
+        """`db` is a SQLite file, or a full store URL (postgresql://...)."""
         self.db = db
         self.log_path = log
         self.args = extra_args
@@ -37,7 +38,7 @@ class ServerProcess:
             "--listen",
             "127.0.0.1:0",
             "--store",
-            f"sqlite:///{self.db}",
+            self.db if isinstance(self.db, str) else f"sqlite:///{self.db}",
             *self.args,
             stdout=self._log,
             stderr=self._log,

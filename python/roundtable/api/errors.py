@@ -13,6 +13,7 @@ from roundtable.domain.errors import (
     RoundtableError,
     RunAlreadyExists,
     RunNotFound,
+    RunOrphaned,
     StreamGap,
     ThreadBusy,
     TooManyRuns,
@@ -26,6 +27,7 @@ STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
     StreamGap: grpc.StatusCode.FAILED_PRECONDITION,
     TooManyRuns: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Draining: grpc.StatusCode.UNAVAILABLE,
+    RunOrphaned: grpc.StatusCode.UNAVAILABLE,
 }
 
 

@@ -100,6 +100,8 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
             async for event in subscription:
                 self._count(event)
                 yield pb.StartRunResponse(event=event)
+            if subscription.error is not None:
+                await _abort(context, subscription.error)
         finally:
             if not subscription.reached_end:
                 self.manager.unsubscribe(tenant, run_id, subscription)
@@ -125,6 +127,8 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
             async for event in subscription:
                 self._count(event)
                 yield pb.StreamRunResponse(event=event)
+            if subscription.error is not None:
+                await _abort(context, subscription.error)
         finally:
             if not subscription.reached_end:
                 self.manager.unsubscribe(request.tenant, request.run_id, subscription)

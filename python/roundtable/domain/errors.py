@@ -71,6 +71,13 @@ class StreamGap(RoundtableError):
     message = "events after after_seq are not available"
 
 
+class RunOrphaned(RoundtableError):
+    """The replica executing the run stopped; the same StartRun resumes it elsewhere."""
+
+    message = "the replica running this run stopped; send the same StartRun to resume it"
+    retryable = True
+
+
 class TooManyRuns(RoundtableError):
     """The server is at its limit of concurrent runs."""
 

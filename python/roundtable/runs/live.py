@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from roundtable.domain.errors import RoundtableError
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
 from roundtable.runs.progress import Progress
@@ -26,6 +27,8 @@ class Subscription:
         if ended:
             self.queue.put_nowait(_END)
         self.reached_end = False
+        self.error: RoundtableError | None = None
+        """Why the stream ended without its run's end (the servicer turns it into a status)."""
         self.follower: asyncio.Task[None] | None = None
         """For a run another replica executes: the task that pumps its event log in."""
 

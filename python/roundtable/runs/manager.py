@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from roundtable.domain.errors import (
     Draining,
     RunAlreadyExists,
     RunNotFound,
+    RunOrphaned,
     StreamGap,
     ThreadBusy,
 )
@@ -150,7 +152,11 @@ class RunManager:
                 self._check_fingerprint(record, request)
                 if record.status in ACTIVE:
                     if record.leased_by_other(self.owner, time.time()):
-                        return self._follow(record, after_seq=0)
+                        return self._follow(
+                            record,
+                            after_seq=0,
+                            takeover=lambda: self.start(request, credentials),
+                        )
                     # Otherwise the process that ran it is gone (its lease expired): resume.
                 elif record.status not in RESUMABLE:
                     return await self._replay(record)
@@ -181,7 +187,10 @@ class RunManager:
                 if not await self.store.acquire_lease(
                     ctx.tenant, ctx.run_id, self.owner, self.lease_s
                 ):
-                    return self._follow(record, after_seq=0)  # another replica got there first
+                    # Another replica got there first: follow it (and take over if it dies).
+                    return self._follow(
+                        record, after_seq=0, takeover=lambda: self.start(request, credentials)
+                    )
                 prior_events = [
                     epb.RunEvent.FromString(e.body)
                     for e in await self.store.read_events(ctx.tenant, ctx.run_id, 0)
@@ -449,16 +458,33 @@ class RunManager:
             return ""
         return current.cancel_reason or "cancel_requested"
 
-    def _follow(self, record: RunRecord, *, after_seq: int) -> Subscription:
-        """Follows a run another replica executes, through the event log, to its end."""
+    def _follow(
+        self,
+        record: RunRecord,
+        *,
+        after_seq: int,
+        takeover: Callable[[], Awaitable[Subscription]] | None = None,
+    ) -> Subscription:
+        """Follows a run another replica executes, through the event log, to its end.
+
+        When that replica's lease runs out (it died), a StartRun follower takes the run
+        over (`takeover` resumes it here); a StreamRun follower ends with RunOrphaned.
+        """
         subscription = Subscription([], ended=False)
         subscription.follower = asyncio.create_task(
-            self._pump(record.tenant, record.run_id, after_seq, subscription),
+            self._pump(record.tenant, record.run_id, after_seq, subscription, takeover),
             name=f"follow:{record.run_id}",
         )
         return subscription
 
-    async def _pump(self, tenant: str, run_id: str, after_seq: int, sub: Subscription) -> None:
+    async def _pump(
+        self,
+        tenant: str,
+        run_id: str,
+        after_seq: int,
+        sub: Subscription,
+        takeover: Callable[[], Awaitable[Subscription]] | None,
+    ) -> None:
         seen = after_seq
         while True:
             stored = await self.store.read_events(tenant, run_id, seen)
@@ -474,7 +500,23 @@ class RunManager:
                 if record is None or record.status not in ACTIVE:
                     sub.queue.put_nowait(None)
                     return
+                if record.lease_until < time.time():
+                    if takeover is None:
+                        sub.error = RunOrphaned(run_id)
+                        sub.queue.put_nowait(None)
+                        return
+                    await self._forward(await takeover(), sub, seen)
+                    return
             await asyncio.sleep(self.follow_poll_s)
+
+    @staticmethod
+    async def _forward(source: Subscription, sink: Subscription, seen: int) -> None:
+        """Hands on `source`'s events that `sink` has not had yet, then its end."""
+        async for event in source:
+            if event.WhichOneof("payload") == "assistant_delta" or event.seq > seen:
+                sink.queue.put_nowait(event)
+        sink.error = source.error
+        sink.queue.put_nowait(None)
 
     # -- following, cancelling, describing --------------------------------------------------
 

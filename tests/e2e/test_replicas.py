@@ -1,0 +1,188 @@
+"""Two replicas on one Postgres: any replica can resume, follow or cancel any run.
+
+Replica A runs a turn and is killed with SIGKILL; after A's lease expires, the same
+StartRun on replica B finishes it: every reply_id final exactly once, no finished
+speaker run again. A cancel sent to B for a run A owns stops it at A's next speaker
+boundary, and B can follow A's run through the shared event log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, finals, kinds, member, of_kind, start_request
+from support.process import ServerProcess
+from support.stores import drop_schema, new_schema, postgres_dsn
+
+pytestmark = pytest.mark.e2e
+
+LEASE = "2"
+
+
+@pytest.fixture
+def shared_store() -> AsyncIterator[str]:
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    yield url
+    drop_schema(dsn, url)
+
+
+def six_speakers(run_id: str) -> pb.StartRunRequest:
+    slow = spb.ModelRef(
+        target=spb.ModelTarget(
+            provider="offline", model="slow", base_url="offline:?token_delay_ms=20"
+        )
+    )
+    names = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank"]
+    roster = [member(chr(ord("a") + i), n, model=slow) for i, n in enumerate(names)]
+    return start_request(
+        "@all hello",
+        members=roster,
+        run_id=run_id,
+        thread_id=f"t-{run_id}",
+        budgets=spb.Budgets(max_speakers=6),
+    )
+
+
+def is_final(step: int):
+    return lambda e: e.WhichOneof("payload") == "assistant_final" and e.assistant_final.step == step
+
+
+async def replica(store: str, log: Path) -> ServerProcess:
+    return await ServerProcess(store, log, "--lease-seconds", LEASE).start()
+
+
+async def kill_a_after_speaker_3(a: ServerProcess, request) -> list[epb.RunEvent]:
+    events = []
+    async with a.channel() as channel:
+        async for response in a.stub(channel).StartRun(request):
+            events.append(response.event)
+            if is_final(2)(response.event):
+                a.kill()
+                break
+    await a.wait()
+    return events
+
+
+def dispatch_calls(server: ServerProcess) -> int:
+    return sum(
+        1 for r in server.audit() if r["caller_node"] == "dispatch" and r["status"] == "success"
+    )
+
+
+async def test_b_resumes_what_a_left_after_its_lease_expires(
+    shared_store: str, tmp_path: Path
+) -> None:
+    request = six_speakers("rep-1")
+    a = await replica(shared_store, tmp_path / "a.log")
+    b = await replica(shared_store, tmp_path / "b.log")
+    try:
+        a_events = await kill_a_after_speaker_3(a, request)
+        await asyncio.sleep(float(LEASE) + 0.5)
+        async with b.channel() as channel:
+            stub = b.stub(channel)
+            b_events = await collect(stub.StartRun(request))
+            status = (
+                await stub.GetRun(pb.GetRunRequest(run_id="rep-1", tenant="tenant-1"))
+            ).run.status
+        assert b_events[0].run_started.resumed
+        assert [f.step for f in finals(b_events)] == [3, 4, 5]
+        both = Counter(f.reply_id for f in finals(a_events + b_events))
+        assert both == Counter({f"rep-1#{i}": 1 for i in range(6)})
+        assert len(of_kind(a_events + b_events, "plan_created")) == 1
+        assert dispatch_calls(b) == 3, "no finished speaker ran again on B"
+        assert status == pb.RUN_STATUS_SUCCEEDED
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_b_follows_a_dead_replica_then_takes_over(shared_store: str, tmp_path: Path) -> None:
+    request = six_speakers("rep-1b")
+    a = await replica(shared_store, tmp_path / "a.log")
+    b = await replica(shared_store, tmp_path / "b.log")
+    try:
+        await kill_a_after_speaker_3(a, request)
+        # A's lease still runs: B attaches through the log, and resumes when the lease ends.
+        async with b.channel() as channel:
+            b_events = await collect(b.stub(channel).StartRun(request))
+        assert Counter(f.reply_id for f in finals(b_events)) == Counter(
+            {f"rep-1b#{i}": 1 for i in range(6)}
+        )
+        assert [e.run_started.resumed for e in of_kind(b_events, "run_started")] == [False, True]
+        durable = [e.seq for e in b_events if e.WhichOneof("payload") != "assistant_delta"]
+        assert durable == list(range(1, len(durable) + 1)), "one log, every seq once, in order"
+        assert dispatch_calls(b) == 3
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_cancel_sent_to_b_stops_a_at_its_next_speaker_boundary(
+    shared_store: str, tmp_path: Path
+) -> None:
+    request = six_speakers("rep-2")
+    a = await replica(shared_store, tmp_path / "a.log")
+    b = await replica(shared_store, tmp_path / "b.log")
+    try:
+        async with a.channel() as a_channel, b.channel() as b_channel:
+            a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+            call = a_stub.StartRun(request)
+            events = []
+            async for response in call:
+                events.append(response.event)
+                if (
+                    response.event.WhichOneof("payload") == "speaker_started"
+                    and response.event.speaker_started.step == 1
+                ):
+                    break
+            # B follows A's run through the shared log...
+            follower = asyncio.create_task(
+                collect(b_stub.StreamRun(pb.StreamRunRequest(run_id="rep-2", tenant="tenant-1")))
+            )
+            # ...and records a cancel that A honours at its next speaker boundary.
+            answer = await b_stub.CancelRun(pb.CancelRunRequest(run_id="rep-2", tenant="tenant-1"))
+            assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+            events += await collect(call)
+            followed = await asyncio.wait_for(follower, 30)
+        cancelled = of_kind(events, "run_cancelled")[0].run_cancelled
+        assert cancelled.reason == "cancel_requested"
+        assert [f.step for f in finals(events)] == [0, 1], (
+            "speaker 2 finished, nobody after it started"
+        )
+        assert not [e for e in of_kind(events, "speaker_started") if e.speaker_started.step >= 2]
+        durable = [e for e in events if e.WhichOneof("payload") != "assistant_delta"]
+        assert [e.SerializeToString() for e in followed] == [e.SerializeToString() for e in durable]
+        assert kinds(followed)[-1] == "run_cancelled"
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_two_replicas_never_run_one_run_at_once(shared_store: str, tmp_path: Path) -> None:
+    request = six_speakers("rep-3")
+    a = await replica(shared_store, tmp_path / "a.log")
+    b = await replica(shared_store, tmp_path / "b.log")
+    try:
+        async with a.channel() as a_channel, b.channel() as b_channel:
+            results = await asyncio.gather(
+                collect(a.stub(a_channel).StartRun(request)),
+                collect(b.stub(b_channel).StartRun(request)),
+            )
+        executions = sum(len(of_kind(r, "run_started")) for r in results)
+        assert executions == 2, "both streams see the run start once (one runs, one follows)"
+        runs = [r for r in (a.audit() + b.audit()) if r["caller_node"] == "dispatch"]
+        assert len(runs) == 6, "six speakers, each called once, on one replica"
+        for events in results:
+            assert [f.reply_id for f in finals(events)] == [f"rep-3#{i}" for i in range(6)]
+            assert isinstance(events[-1], epb.RunEvent) and kinds(events)[-1] == "run_completed"
+    finally:
+        await a.stop()
+        await b.stop()
