@@ -50,12 +50,14 @@ checkgenerate: venv tools ## Fail when generated code is not what proto/ generat
 	diff -r "$$tmp/clients/go/roundtable" clients/go/roundtable && \
 	echo "generated code is current"
 
-lint: venv ## buf lint + format, ruff, mypy
+lint: venv ## buf lint + format, ruff, mypy, go vet + gofmt
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	$(VENV)/bin/ruff check python tests
 	$(VENV)/bin/ruff format --check python tests
 	$(VENV)/bin/mypy
+	cd clients/go && go vet ./... && test -z "$$(gofmt -l .)"
+	cd examples/gateway-go && go vet ./... && test -z "$$(gofmt -l .)"
 
 breaking: ## buf breaking check of proto/ against the previous commit
 	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \

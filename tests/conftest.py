@@ -10,13 +10,12 @@ from typing import Any
 
 import grpc
 import pytest
-from support.stores import drop_schema, new_schema, postgres_dsn
-
 from roundtable.models.base import ChatProvider
 from roundtable.server import RunningServer, running_server
 from roundtable.settings import Settings
 from roundtable.telemetry.setup import Telemetry, disabled
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from support.stores import drop_schema, new_schema, postgres_dsn
 
 ServerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningServer]]
 

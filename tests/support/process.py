@@ -19,9 +19,12 @@ _SERVING = re.compile(r"serving on [\d.]+:(\d+)")
 class ServerProcess:
     """`roundtable serve` on a free port with a given database; stderr goes to a file."""
 
-    def __init__(self, db: Path | str, log: Path, *extra_args: str) -> None:
-        """`db` is a SQLite file, or a full store URL (postgresql://...)."""
+    def __init__(
+        self, db: Path | str, log: Path, *extra_args: str, env: dict[str, str] | None = None
+    ) -> None:
+        """`db` is a SQLite file, or a full store URL (postgresql://...); `env` adds variables."""
         self.db = db
+        self.env = env or {}
         self.log_path = log
         self.args = extra_args
         self.proc: asyncio.subprocess.Process | None = None
@@ -42,7 +45,7 @@ class ServerProcess:
             *self.args,
             stdout=self._log,
             stderr=self._log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         async with asyncio.timeout(wait_s):
             while True:

@@ -45,8 +45,10 @@ from roundtable.domain.snapshot import ModelTarget
 
 _TOKEN = re.compile(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]+\s*|\s+")
 _NUMBER_TASK = re.compile(r"(?:number|序号)\D{0,12}(\d+)", re.IGNORECASE)
+# "remember that X" keeps X; "I prefer X" keeps the whole statement (the verb is the fact).
 _EXPLICIT_MEMORY = re.compile(
-    r"(?:remember that|remember:|记住[:：,，]?|please remember|I prefer|我喜欢|我更喜欢)\s*([^.!?。！？\n]+)",
+    r"(?:(?:please remember|remember that|remember:|记住)[:：,，]?\s*([^.!?。！？\n]+))"
+    r"|((?:I prefer|我喜欢|我更喜欢)\s*[^.!?。！？\n]+)",
     re.IGNORECASE,
 )
 
@@ -296,7 +298,7 @@ class OfflineChatModel(BaseChatModel):
         replies: list[dict[str, str]] = turn.get("replies", [])
         proposals = []
         for match in _EXPLICIT_MEMORY.finditer(text):
-            content = match.group(0).strip()
+            content = (match.group(1) or match.group(2)).strip()
             for reply in replies:
                 proposals.append(
                     {
