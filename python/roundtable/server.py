@@ -32,7 +32,7 @@ from roundtable.models.base import ChatProvider
 from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.models.offline import offline_factory
 from roundtable.models.openai_compat import build_openai_provider
-from roundtable.runs.manager import RunManager
+from roundtable.runs.manager import RunLimits, RunManager
 from roundtable.settings import Settings
 from roundtable.store.base import RunStore
 from roundtable.store.factory import open_store
@@ -146,6 +146,11 @@ async def running_server(
         metrics=metrics,
         owner=settings.replica_id,
         lease_s=settings.lease_seconds,
+        limits=RunLimits(
+            max_runs=settings.max_runs,
+            max_runs_per_tenant=settings.max_runs_per_tenant,
+            stream_buffer=settings.stream_buffer_events,
+        ),
     )
     limits = request_limits(settings)
     server = grpc.aio.server(

@@ -43,6 +43,14 @@ class Settings:
     """Consecutive system failures that open a target's circuit breaker."""
     breaker_cooldown_seconds: float = 30.0
     """Seconds before an open breaker lets one probe through."""
+    max_runs: int = 2_000
+    """Runs executing at once in this process; more get RESOURCE_EXHAUSTED with a retry hint."""
+    max_runs_per_tenant: int = 500
+    """Runs of one tenant executing at once in this process."""
+    stream_buffer_events: int = 1_024
+    """Events buffered per stream for a slow reader. When full, deltas are dropped; a durable
+    event that does not fit ends the stream with RESOURCE_EXHAUSTED, and the reader
+    re-attaches with StreamRun(after_seq) without losing anything."""
     max_request_bytes: int = 16 * 1024 * 1024
     """Largest StartRunRequest accepted."""
     max_members: int = 32

@@ -15,6 +15,7 @@ from roundtable.domain.errors import (
     RunNotFound,
     RunOrphaned,
     StreamGap,
+    StreamOverflow,
     ThreadBusy,
     TooManyRuns,
 )
@@ -28,6 +29,7 @@ STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
     TooManyRuns: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Draining: grpc.StatusCode.UNAVAILABLE,
     RunOrphaned: grpc.StatusCode.UNAVAILABLE,
+    StreamOverflow: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -54,7 +56,7 @@ def to_grpc_status(error: RoundtableError) -> grpc.Status:
             ]
         )
         details.append(_pack(bad))
-    if error.retryable and code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if isinstance(error, TooManyRuns):
         details.append(
             _pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))
         )

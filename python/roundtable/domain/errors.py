@@ -78,6 +78,13 @@ class RunOrphaned(RoundtableError):
     retryable = True
 
 
+class StreamOverflow(RoundtableError):
+    """A stream's reader fell too far behind; the run goes on."""
+
+    message = "stream reader too slow: re-attach with StreamRun(after_seq = the last seq received)"
+    retryable = True
+
+
 class TooManyRuns(RoundtableError):
     """The server is at its limit of concurrent runs."""
 

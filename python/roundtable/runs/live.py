@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtable.domain.errors import RoundtableError
+from roundtable.domain.errors import RoundtableError, StreamOverflow
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
 from roundtable.runs.progress import Progress
@@ -18,25 +18,63 @@ _END = None
 
 
 class Subscription:
-    """One stream's view of a run: a backlog of durable events, then live ones, then the end."""
+    """One stream's view of a run: a backlog of durable events, then live ones, then the end.
 
-    def __init__(self, backlog: list[epb.RunEvent], *, ended: bool) -> None:
+    A slow reader cannot make the server buffer without bound: past `buffer` pending events,
+    deltas (live-only) are dropped, and a durable event that does not fit ends the stream
+    with StreamOverflow. Nothing durable is lost: the reader re-attaches with
+    StreamRun(after_seq = the last seq it received).
+    """
+
+    def __init__(self, backlog: list[epb.RunEvent], *, ended: bool, buffer: int = 0) -> None:
         self.queue: asyncio.Queue[epb.RunEvent | None] = asyncio.Queue()
         for event in backlog:
             self.queue.put_nowait(event)
         if ended:
             self.queue.put_nowait(_END)
+        self.limit = len(backlog) + buffer if buffer else 0
+        self.dropped_deltas = 0
         self.reached_end = False
+        self.closed = ended
         self.error: RoundtableError | None = None
         """Why the stream ended without its run's end (the servicer turns it into a status)."""
         self.follower: asyncio.Task[None] | None = None
         """For a run another replica executes: the task that pumps its event log in."""
 
+    @property
+    def full(self) -> bool:
+        """Whether the reader is `buffer` events behind."""
+        return bool(self.limit) and self.queue.qsize() >= self.limit
+
+    def offer(self, event: epb.RunEvent, *, durable: bool) -> bool:
+        """Hands a live event over without waiting; False when the stream had to end."""
+        if self.closed:
+            return False
+        if self.full:
+            if not durable:
+                self.dropped_deltas += 1
+                return True
+            self.end(StreamOverflow(f"more than {self.limit} events pending"))
+            return False
+        self.queue.put_nowait(event)
+        return True
+
+    def end(self, error: RoundtableError | None = None) -> None:
+        """Ends the stream: pending events are discarded when it ends with an error."""
+        if self.closed:
+            return
+        self.closed = True
+        if error is not None:
+            self.error = error
+            while not self.queue.empty():
+                self.queue.get_nowait()
+        self.queue.put_nowait(_END)
+
     async def __aiter__(self) -> AsyncIterator[epb.RunEvent]:
         while True:
             event = await self.queue.get()
             if event is _END:
-                self.reached_end = True
+                self.reached_end = self.error is None
                 return
             yield event
 
@@ -56,6 +94,8 @@ class LiveRun:
     graph_task: asyncio.Task[Any] | None = None
     immediate: bool = False
     lease_lost: bool = False
+    buffer: int = 0
+    """Events buffered per stream (0: unbounded)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -74,7 +114,7 @@ class LiveRun:
         """
         since = head[-1].seq if head else after_seq
         backlog = [*head, *(e for e in self.backlog if e.seq > since)]
-        sub = Subscription(backlog, ended=self.done.is_set())
+        sub = Subscription(backlog, ended=self.done.is_set(), buffer=self.buffer)
         if not self.done.is_set():
             self.subscribers.add(sub)
         return sub
@@ -87,12 +127,13 @@ class LiveRun:
         """Hands an event to every stream; durable ones are kept for late subscribers."""
         if durable:
             self.backlog.append(event)
-        for sub in self.subscribers:
-            sub.queue.put_nowait(event)
+        overflowed = [sub for sub in self.subscribers if not sub.offer(event, durable=durable)]
+        for sub in overflowed:
+            self.subscribers.discard(sub)
 
     def finish(self) -> None:
         """Ends every stream."""
         self.done.set()
         for sub in self.subscribers:
-            sub.queue.put_nowait(_END)
+            sub.end()
         self.subscribers.clear()

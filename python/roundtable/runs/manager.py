@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from roundtable.domain.errors import (
     RunOrphaned,
     StreamGap,
     ThreadBusy,
+    TooManyRuns,
 )
 from roundtable.domain.events import (
     ReplySummary,
@@ -89,6 +91,18 @@ def checkpoint_thread(tenant: str, run_id: str) -> str:
     return f"{tenant}/{run_id}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunLimits:
+    """Backpressure: how much this process takes on."""
+
+    max_runs: int = 2_000
+    """Runs executing at once."""
+    max_runs_per_tenant: int = 500
+    """Runs of one tenant executing at once."""
+    stream_buffer: int = 1_024
+    """Events buffered per stream (see `live.Subscription`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CancelResult:
     """What a cancel did, and the run as it is now."""
@@ -114,8 +128,11 @@ class RunManager:
         owner: str = "",
         lease_s: float = 10.0,
         follow_poll_s: float = 0.05,
+        limits: RunLimits | None = None,
     ) -> None:
         self.store = store
+        self.limits = limits or RunLimits()
+        self._per_tenant: Counter[str] = Counter()
         self.owner = owner or default_owner()
         self.lease_s = lease_s
         self.follow_poll_s = follow_poll_s
@@ -162,6 +179,7 @@ class RunManager:
                     return await self._replay(record)
             if self._draining:
                 raise Draining()
+            self._check_capacity(ctx.tenant)
             directive = classify(request.snapshot)
             wait_for = self._claim_thread(request, directive)
             continuation = None
@@ -200,7 +218,8 @@ class RunManager:
                 record.last_seq = prior_events[-1].seq if prior_events else 0
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
-            live = LiveRun(request=request, record=record)
+            live = LiveRun(request=request, record=record, buffer=self.limits.stream_buffer)
+            self._per_tenant[ctx.tenant] += 1
             for event in prior_events:
                 live.progress.observe(event)
             self._live[key] = live
@@ -218,6 +237,12 @@ class RunManager:
                 name=f"run:{ctx.tenant}/{ctx.run_id}",
             )
             return subscription
+
+    def _check_capacity(self, tenant: str) -> None:
+        if len(self._live) >= self.limits.max_runs:
+            raise TooManyRuns(f"{len(self._live)} runs in this process")
+        if self._per_tenant[tenant] >= self.limits.max_runs_per_tenant:
+            raise TooManyRuns(f"{self._per_tenant[tenant]} runs of this tenant")
 
     @staticmethod
     def _check_fingerprint(record: RunRecord, request: RunRequest) -> None:
@@ -416,7 +441,8 @@ class RunManager:
             self._forget(live)
 
     def _forget(self, live: LiveRun) -> None:
-        self._live.pop(live.key, None)
+        if self._live.pop(live.key, None) is live:
+            self._per_tenant[live.record.tenant] -= 1
         if self._threads.get(live.thread_key) is live:
             self._threads.pop(live.thread_key, None)
         live.finish()
@@ -470,7 +496,7 @@ class RunManager:
         When that replica's lease runs out (it died), a StartRun follower takes the run
         over (`takeover` resumes it here); a StreamRun follower ends with RunOrphaned.
         """
-        subscription = Subscription([], ended=False)
+        subscription = Subscription([], ended=False, buffer=self.limits.stream_buffer)
         subscription.follower = asyncio.create_task(
             self._pump(record.tenant, record.run_id, after_seq, subscription, takeover),
             name=f"follow:{record.run_id}",
@@ -490,20 +516,22 @@ class RunManager:
             stored = await self.store.read_events(tenant, run_id, seen)
             for item in stored:
                 event = epb.RunEvent.FromString(item.body)
+                # The log keeps the events: wait for a slow reader instead of buffering.
+                while sub.full:  # noqa: ASYNC110 (polling a queue we do not own)
+                    await asyncio.sleep(self.follow_poll_s)
                 sub.queue.put_nowait(event)
                 seen = event.seq
                 if event.WhichOneof("payload") in TERMINAL_KINDS:
-                    sub.queue.put_nowait(None)
+                    sub.end()
                     return
             if not stored:
                 record = await self.store.get_run(tenant, run_id)
                 if record is None or record.status not in ACTIVE:
-                    sub.queue.put_nowait(None)
+                    sub.end()
                     return
                 if record.lease_until < time.time():
                     if takeover is None:
-                        sub.error = RunOrphaned(run_id)
-                        sub.queue.put_nowait(None)
+                        sub.end(RunOrphaned(run_id))
                         return
                     await self._forward(await takeover(), sub, seen)
                     return
@@ -515,8 +543,7 @@ class RunManager:
         async for event in source:
             if event.WhichOneof("payload") == "assistant_delta" or event.seq > seen:
                 sink.queue.put_nowait(event)
-        sink.error = source.error
-        sink.queue.put_nowait(None)
+        sink.end(source.error)
 
     # -- following, cancelling, describing --------------------------------------------------
 
