@@ -33,15 +33,23 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk
+from langchain_core.outputs import ChatResult as LCChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, ValidationError
 
 from roundtable.domain import prompt_sections as sections
-from roundtable.domain.errors import ModelRateLimited, ModelRejected, ModelUnavailable
+from roundtable.domain.errors import (
+    InvalidModelOutput,
+    ModelRateLimited,
+    ModelRejected,
+    ModelUnavailable,
+)
+from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
+from roundtable.models.base import ChatCall, ChatResult, TextSink
 
 _TOKEN = re.compile(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]+\s*|\s+")
 _NUMBER_TASK = re.compile(r"(?:number|序号)\D{0,12}(\d+)", re.IGNORECASE)
@@ -62,6 +70,16 @@ _STANCES = (
     "every good plan starts with a good story, and this one has promise.",
     "patience will serve us better than haste here.",
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What the offline model answers: text, or a tool call's arguments."""
+
+    text: str = ""
+    args: dict[str, Any] | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +168,13 @@ class OfflineChatModel(BaseChatModel):
         stop: list[str] | None = None,
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
-    ) -> ChatResult:
+    ) -> LCChatResult:
         message = await self._answer(messages, kwargs)
         if message.tool_calls:
-            return ChatResult(generations=[ChatGeneration(message=message)])
+            return LCChatResult(generations=[ChatGeneration(message=message)])
         parts = [chunk.text async for chunk in self._astream(messages, stop, None, **kwargs)]
         text = "".join(parts)
-        return ChatResult(
+        return LCChatResult(
             generations=[
                 ChatGeneration(
                     message=AIMessage(content=text, usage_metadata=message.usage_metadata)
@@ -170,7 +188,7 @@ class OfflineChatModel(BaseChatModel):
         stop: list[str] | None = None,
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
-    ) -> ChatResult:
+    ) -> LCChatResult:
         raise NotImplementedError("the offline model is async only")
 
     async def _astream(
@@ -202,6 +220,30 @@ class OfflineChatModel(BaseChatModel):
 
     async def _answer(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> AIMessage:
         """Decides the whole answer up front (tool call or text), after faults and latency."""
+        system = "\n".join(m.text for m in messages if m.type == "system")
+        last_user = next((m.text for m in reversed(messages) if m.type == "human"), "")
+        tools = kwargs.get("tools") or []
+        tool = tools[0]["function"]["name"] if tools else ""
+        decision = await self.decide(
+            system, last_user, sum(len(m.text) for m in messages), tool=tool
+        )
+        usage = UsageMetadata(
+            input_tokens=decision.input_tokens,
+            output_tokens=decision.output_tokens,
+            total_tokens=decision.input_tokens + decision.output_tokens,
+        )
+        if tool:
+            return AIMessage(
+                content="",
+                tool_calls=[{"name": tool, "args": decision.args, "id": f"call_{self._calls}"}],
+                usage_metadata=usage,
+            )
+        return AIMessage(content=decision.text, usage_metadata=usage)
+
+    async def decide(
+        self, system: str, last_user: str, prompt_chars: int, *, tool: str = ""
+    ) -> Decision:
+        """The whole answer to a prompt (text, or `tool`'s arguments), after faults and latency."""
         self._calls += 1
         failing = self.knobs.fail and (
             self.knobs.fail_times < 0 or self._calls <= self.knobs.fail_times
@@ -210,27 +252,14 @@ class OfflineChatModel(BaseChatModel):
             await self._fail(self.knobs.fail)
         if self.knobs.latency_s:
             await asyncio.sleep(self.knobs.latency_s)
-        system = "\n".join(m.text for m in messages if m.type == "system")
-        last_user = next((m.text for m in reversed(messages) if m.type == "human"), "")
-        input_tokens = sum(len(m.text) for m in messages) // 4 + 1
-        tools = kwargs.get("tools") or []
-        if tools:
-            name = tools[0]["function"]["name"]
-            args = self._tool_args(name, system, last_user, bad=bool(failing))
-            usage = UsageMetadata(
-                input_tokens=input_tokens, output_tokens=8, total_tokens=input_tokens + 8
-            )
-            return AIMessage(
-                content="",
-                tool_calls=[{"name": name, "args": args, "id": f"call_{self._calls}"}],
-                usage_metadata=usage,
-            )
+        input_tokens = prompt_chars // 4 + 1
+        if tool:
+            args = self._tool_args(tool, system, last_user, bad=bool(failing))
+            return Decision(args=args, input_tokens=input_tokens, output_tokens=8)
         text = self._reply(system, last_user)
-        out = len(_TOKEN.findall(text))
-        usage = UsageMetadata(
-            input_tokens=input_tokens, output_tokens=out, total_tokens=input_tokens + out
+        return Decision(
+            text=text, input_tokens=input_tokens, output_tokens=len(_TOKEN.findall(text))
         )
-        return AIMessage(content=text, usage_metadata=usage)
 
     @staticmethod
     async def _fail(kind: str) -> None:
@@ -315,6 +344,62 @@ class OfflineChatModel(BaseChatModel):
 def iter_tokens(text: str) -> Iterator[str]:
     """Splits text into the tokens the offline model streams (words, or CJK characters)."""
     yield from _TOKEN.findall(text)
+
+
+class OfflineProvider:
+    """The offline model served natively: the same answers as `OfflineChatModel`, without
+    LangChain's per-chunk callback machinery (≈50 µs a token), so streaming costs only what
+    Roundtable's own pipe costs. One model (and its fault counter) per target."""
+
+    name = "offline"
+
+    def __init__(self, *, default_token_delay_s: float = 0.0) -> None:
+        self._build = offline_factory(default_token_delay_s=default_token_delay_s)
+        self._models: dict[ModelTarget, OfflineChatModel] = {}
+
+    def model_for(self, target: ModelTarget) -> OfflineChatModel:
+        """The model of a target (created on first use)."""
+        model = self._models.get(target)
+        if model is None:
+            built = self._build(target, None)
+            assert isinstance(built, OfflineChatModel)
+            model = self._models[target] = built
+        return model
+
+    async def complete(
+        self, target: ModelTarget, call: ChatCall, *, api_key: str | None, on_text: TextSink | None
+    ) -> ChatResult:
+        """Answers one call; see `ChatProvider.complete`."""
+        model = self.model_for(target)
+        messages = call.messages
+        system = "\n".join(m.content for m in messages if m.role == "system")
+        last_user = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        chars = sum(len(m.content) for m in messages)
+        name = f"{target.provider}/{target.model}"
+        if call.schema is not None:
+            tool = str(call.schema.model_config.get("title") or call.schema.__name__)
+            decision = await model.decide(system, last_user, chars, tool=tool)
+            try:
+                parsed = call.schema.model_validate(decision.args or {})
+            except ValidationError:
+                raise InvalidModelOutput(f"answer did not match {tool}") from None
+            usage = TokenUsage(decision.input_tokens, decision.output_tokens)
+            return ChatResult(parsed=parsed, usage=usage, model=name)
+        decision = await model.decide(system, last_user, chars)
+        tokens = _TOKEN.findall(decision.text) or [decision.text]
+        budget = call.max_tokens or len(tokens)
+        delay = model.knobs.token_delay_s
+        for i, token in enumerate(tokens[:budget]):
+            if delay and i:
+                await asyncio.sleep(delay)
+            if on_text is not None:
+                on_text(token)
+        return ChatResult(
+            text="".join(tokens[:budget]),
+            usage=TokenUsage(decision.input_tokens, min(decision.output_tokens, budget)),
+            finish_reason="length" if len(tokens) > budget else "stop",
+            model=name,
+        )
 
 
 def offline_factory(

@@ -1,0 +1,80 @@
+"""The offline model: the same answers through LangChain and natively; faults on cue."""
+
+from __future__ import annotations
+
+import pytest
+from roundtable.domain import prompt_sections as sections
+from roundtable.domain.errors import ModelRejected, ModelUnavailable
+from roundtable.domain.snapshot import ModelTarget
+from roundtable.graph.nodes.supervisor import SupervisorPlan
+from roundtable.models.base import ChatCall, ChatMessage
+from roundtable.models.langchain_provider import LangChainProvider
+from roundtable.models.offline import OfflineProvider, offline_factory
+
+TARGET = ModelTarget(provider="offline", model="m")
+MEMBER = ChatCall(
+    messages=(
+        ChatMessage(
+            "system", f"You are Lin.\n\n{sections.PERSONA}\nA calm tea master. Speaks softly."
+        ),
+        ChatMessage("user", f"what is for dinner?\n\n{sections.TASK}\nAnswer briefly."),
+    )
+)
+COUNT = ChatCall(
+    messages=(
+        ChatMessage("system", "You are Lin."),
+        ChatMessage("user", f"报数\n\n{sections.TASK}\nCount-off: you are number 3 of 4."),
+    )
+)
+
+
+@pytest.mark.parametrize("call", [MEMBER, COUNT])
+async def test_native_and_langchain_paths_say_the_same(call) -> None:
+    native, streamed = OfflineProvider(), []
+    a = await native.complete(TARGET, call, api_key=None, on_text=streamed.append)
+    b = await LangChainProvider("offline", offline_factory()).complete(
+        TARGET, call, api_key=None, on_text=None
+    )
+    assert a.text == b.text and "".join(streamed) == a.text
+    assert a.usage == b.usage
+
+
+async def test_count_off_answer_and_persona_voice() -> None:
+    count = await OfflineProvider().complete(TARGET, COUNT, api_key=None, on_text=None)
+    assert count.text == "3!"
+    member = await OfflineProvider().complete(TARGET, MEMBER, api_key=None, on_text=None)
+    assert "(A calm tea master.)" in member.text and "dinner" in member.text
+
+
+async def test_supervisor_plan_from_the_roster() -> None:
+    roster = '[{"member_id":"a","display_name":"Lin","skills":["tea"]},{"member_id":"b","display_name":"Bo","skills":[]}]'
+    call = ChatCall(
+        messages=(
+            ChatMessage("system", f"director\n{sections.ROSTER}\n{roster}"),
+            ChatMessage("user", "tell me about tea"),
+        ),
+        schema=SupervisorPlan,
+    )
+    result = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
+    assert isinstance(result.parsed, SupervisorPlan)
+    assert [s.member_id for s in result.parsed.steps] == ["a"], (
+        "whole words: 'Bo' is not in 'about'"
+    )
+
+
+async def test_faults_follow_the_knobs_then_stop() -> None:
+    flaky = ModelTarget(provider="offline", model="f", base_url="offline:?fail=error&fail_times=2")
+    provider = OfflineProvider()
+    for _ in range(2):
+        with pytest.raises(ModelUnavailable):
+            await provider.complete(flaky, COUNT, api_key=None, on_text=None)
+    assert (await provider.complete(flaky, COUNT, api_key=None, on_text=None)).text == "3!"
+    rejected = ModelTarget(provider="offline", model="r", base_url="offline:?fail=rejected")
+    with pytest.raises(ModelRejected):
+        await provider.complete(rejected, COUNT, api_key=None, on_text=None)
+
+
+async def test_the_token_budget_cuts_the_reply() -> None:
+    call = ChatCall(messages=MEMBER.messages, max_tokens=3)
+    result = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
+    assert result.finish_reason == "length" and result.usage.output_tokens == 3
