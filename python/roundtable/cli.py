@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import logging.handlers
+import queue
 import sys
 from collections.abc import Sequence
 
@@ -11,14 +13,20 @@ from collections.abc import Sequence
 _QUIET = ("openai", "httpx", "httpcore", "langchain", "langchain_core", "langgraph", "aiosqlite")
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+def _configure_logging(level: str) -> logging.handlers.QueueListener:
+    """Logs to stderr from a background thread, so a log line (an audit record per model
+    attempt) never makes the event loop wait on a pipe. Returns the listener to stop."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler)
+    queued = logging.handlers.QueueHandler(records)
+    queued.setFormatter(logging.Formatter("%(message)s"))  # the listener's handler formats
+    logging.basicConfig(level=level.upper(), handlers=[queued])
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+    listener.start()
+    return listener
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,8 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from roundtable.settings import load_settings
 
         settings = load_settings(args)
-        _configure_logging(settings.log_level)
-        asyncio.run(serve(settings))
+        listener = _configure_logging(settings.log_level)
+        try:
+            asyncio.run(serve(settings))
+        finally:
+            listener.stop()  # flushes what is queued
         return 0
     if command == "chat":
         from roundtable.chat import run_chat

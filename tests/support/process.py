@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 
-_SERVING = re.compile(r"serving on [\d.]+:(\d+)")
+_SERVING = re.compile(r"roundtable serving on [\d.]+:(\d+)")
 
 
 class ServerProcess:
