@@ -91,3 +91,13 @@ def test_memories_ranked_by_relevance_then_importance() -> None:
     assert [m.memory_id for m in chosen] == ["3", "2"]
     # Size-bounded: the 25-character memory does not fit in 20, the 17-character one does.
     assert select_memories(memories, "tea", top_k=5, max_chars=20) == [memories[1]]
+
+
+def test_long_or_hostile_text_is_never_a_command() -> None:
+    # A stop or continue is a short message of its own; a 30,000-character wall of
+    # punctuation around "stop" is just text (and classifying it stays linear).
+    assert classify(snap(", " * 15_000 + "stop")).kind is DirectiveKind.OPEN
+    assert classify(snap("!" * 30_000)).kind is DirectiveKind.OPEN
+    assert classify(snap("@nobody " * 4_000 + "@Bob")).kind is DirectiveKind.OPEN, (
+        "only the first @-words are read"
+    )

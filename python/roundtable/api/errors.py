@@ -16,8 +16,10 @@ from roundtable.domain.errors import (
     RunOrphaned,
     StreamGap,
     StreamOverflow,
+    TenantForbidden,
     ThreadBusy,
     TooManyRuns,
+    Unauthenticated,
 )
 
 STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
@@ -30,6 +32,8 @@ STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
     Draining: grpc.StatusCode.UNAVAILABLE,
     RunOrphaned: grpc.StatusCode.UNAVAILABLE,
     StreamOverflow: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    TenantForbidden: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -42,20 +46,33 @@ def status_code_of(error: RoundtableError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+MAX_DETAILS_BYTES = 4096
+"""Status details travel in a trailer; clients refuse metadata past 8 KiB (base64 adds a third)."""
+
+
+def bad_request(error: InvalidRequest) -> error_details_pb2.BadRequest:
+    """Every violation, while they fit the trailer; then one entry saying how many are left."""
+    bad = error_details_pb2.BadRequest()
+    for i, violation in enumerate(error.violations):
+        entry = error_details_pb2.BadRequest.FieldViolation(
+            field=violation.field[:256], description=violation.description[:256]
+        )
+        if bad.ByteSize() + entry.ByteSize() + 64 > MAX_DETAILS_BYTES:
+            left = len(error.violations) - i
+            bad.field_violations.add(
+                field="", description=f"{left} more violation(s) not listed; fix these first"
+            )
+            break
+        bad.field_violations.append(entry)
+    return bad
+
+
 def to_grpc_status(error: RoundtableError) -> grpc.Status:
     """The full status: code, message, and details a client can act on."""
     code = status_code_of(error)
     details: list[any_pb2.Any] = []
     if isinstance(error, InvalidRequest):
-        bad = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
-                )
-                for v in error.violations
-            ]
-        )
-        details.append(_pack(bad))
+        details.append(_pack(bad_request(error)))
     if isinstance(error, TooManyRuns):
         details.append(
             _pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))

@@ -36,9 +36,9 @@ class InvalidRequest(RoundtableError):
 
     def __init__(self, violations: list[FieldViolation]) -> None:
         self.violations = tuple(violations)
-        super().__init__(
-            f"{len(violations)} bad field(s): " + ", ".join(v.field for v in violations)
-        )
+        named = ", ".join(v.field[:128] for v in violations[:10])
+        more = f" and {len(violations) - 10} more" if len(violations) > 10 else ""
+        super().__init__(f"{len(violations)} bad field(s): {named}{more}")
 
     @staticmethod
     def violation(field: str, description: str) -> FieldViolation:
@@ -97,6 +97,24 @@ class Draining(RoundtableError):
 
     message = "server is draining"
     retryable = True
+
+
+class Unauthenticated(RoundtableError):
+    """The caller sent no credentials, or credentials this server does not accept."""
+
+    message = "missing or invalid caller credentials"
+
+
+class TenantForbidden(RoundtableError):
+    """The caller proved who it is, but may not act for the tenant it named."""
+
+    message = "caller may not act for this tenant"
+
+
+class InvalidSettings(RoundtableError):
+    """The settings are contradictory or unsafe, or name unreadable files: no server starts."""
+
+    message = "invalid settings"
 
 
 class ModelError(RoundtableError):

@@ -7,6 +7,7 @@ single chat, the primary member answering).
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -51,21 +52,28 @@ def _name_index(members: tuple[Member, ...]) -> dict[str, str]:
     return index
 
 
+MAX_MENTION_TOKENS = 256
+"""How many @-words of a text are matched against names."""
+
+MAX_COMMAND_CHARS = 64
+"""A stop or continue is a short message of its own; longer text is never read as one (and
+the anchored patterns above never see more than this, whatever the user sends)."""
+
+
 def mentioned_members(snapshot: Snapshot) -> tuple[str, ...]:
     """Members named explicitly (ids first) or by @name / @alias in the text, in order, once each."""
     seen: dict[str, None] = dict.fromkeys(snapshot.user_turn.mentions)
     index = _name_index(snapshot.members)
-    text = snapshot.user_turn.text
-    for match in _MENTION.finditer(text):
+    longest_first = sorted(index, key=len, reverse=True)
+    everyone = len(snapshot.members)
+    # Only the first MAX_MENTION_TOKENS @-words are read: a 32 KiB wall of "@x" costs nothing.
+    for match in itertools.islice(_MENTION.finditer(snapshot.user_turn.text), MAX_MENTION_TOKENS):
+        if len(seen) >= everyone:
+            break  # everybody is named already: the rest of a long text changes nothing
         token = match.group(1).lower()
         # "@Lin的看法" or "@lin's": try the longest known name the token starts with.
         member_id = index.get(token) or next(
-            (
-                index[name]
-                for name in sorted(index, key=len, reverse=True)
-                if token.startswith(name)
-            ),
-            None,
+            (index[name] for name in longest_first if token.startswith(name)), None
         )
         if member_id is not None:
             seen.setdefault(member_id, None)
@@ -75,10 +83,11 @@ def mentioned_members(snapshot: Snapshot) -> tuple[str, ...]:
 def classify(snapshot: Snapshot) -> Directive:
     """Classifies the user's turn. Pure: the same snapshot always gives the same directive."""
     text = snapshot.user_turn.text.strip()
-    if _STOP.match(text):
-        return Directive(DirectiveKind.STOP)
-    if _CONTINUE.match(text):
-        return Directive(DirectiveKind.CONTINUE)
+    if len(text) <= MAX_COMMAND_CHARS:
+        if _STOP.match(text):
+            return Directive(DirectiveKind.STOP)
+        if _CONTINUE.match(text):
+            return Directive(DirectiveKind.CONTINUE)
     if snapshot.session.kind is SessionKind.SINGLE:
         return Directive(DirectiveKind.SINGLE, (snapshot.session.primary_member_id,))
     roster = tuple(m.member_id for m in snapshot.members)
