@@ -22,15 +22,16 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
+from roundtable.api.auth import Authenticator, AuthInterceptor
 from roundtable.api.limits import RequestLimits
 from roundtable.api.servicer import OrchestratorServicer
+from roundtable.api.tls import check_listen_address, server_credentials
 from roundtable.domain.snapshot import Budgets
 from roundtable.graph.builder import build_conversation_graph
 from roundtable.harness.chain import Harness
 from roundtable.harness.policies import BreakerPolicy, HarnessPolicy, RetryPolicy, TimeoutPolicy
 from roundtable.models.base import ChatProvider
-from roundtable.models.langchain_provider import LangChainProvider
-from roundtable.models.offline import offline_factory
+from roundtable.models.offline import OfflineProvider
 from roundtable.models.openai_compat import build_openai_provider
 from roundtable.runs.manager import RunLimits, RunManager
 from roundtable.settings import Settings
@@ -49,10 +50,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
 def build_providers(settings: Settings) -> dict[str, ChatProvider]:
     """The model providers every server has."""
     return {
-        "offline": LangChainProvider(
-            "offline",
-            offline_factory(default_token_delay_s=settings.offline_token_delay_ms / 1000),
-        ),
+        "offline": OfflineProvider(default_token_delay_s=settings.offline_token_delay_ms / 1000),
         "openai": build_openai_provider(default_timeout_s=settings.model_timeout_seconds),
     }
 
@@ -122,6 +120,10 @@ async def running_server(
     `telemetry` defaults to what the standard OTEL_* variables configure (nothing, when
     no endpoint is set).
     """
+    # Security settings first: a server that would be unsafe or unusable never opens its store.
+    auth = Authenticator.from_settings(settings)
+    credentials = server_credentials(settings)
+    check_listen_address(settings, authenticated=auth.enabled)
     telemetry = telemetry or telemetry_from_env(os.environ)
     metrics = Metrics(telemetry.meter("roundtable"))
     store = await open_store(settings.store)
@@ -155,7 +157,11 @@ async def running_server(
     limits = request_limits(settings)
     server = grpc.aio.server(
         # One span per RPC, continuing the caller's W3C traceparent (and baggage).
-        interceptors=[aio_server_interceptor(tracer_provider=telemetry.tracer_provider)],
+        # Then UNAUTHENTICATED for calls without accepted credentials (health excepted).
+        interceptors=[
+            aio_server_interceptor(tracer_provider=telemetry.tracer_provider),
+            *([AuthInterceptor(auth)] if auth.enabled else []),
+        ],
         options=[
             # Leave room above our own limit so an oversized request gets our precise
             # INVALID_ARGUMENT instead of the transport's RESOURCE_EXHAUSTED.
@@ -170,6 +176,7 @@ async def running_server(
             providers=providers.keys(),
             budgets=default_budgets(settings),
             metrics=metrics,
+            auth=auth,
         ),
         server,
     )
@@ -184,7 +191,11 @@ async def running_server(
         server,
     )
     host, port = settings.host_port
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = (
+        server.add_insecure_port(f"{host}:{port}")
+        if credentials is None
+        else server.add_secure_port(f"{host}:{port}", credentials)
+    )
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)

@@ -17,6 +17,23 @@ class Settings:
 
     listen: str = "127.0.0.1:50051"
     """host:port to listen on."""
+    tls_cert_file: str = ""
+    """PEM certificate chain the server presents; with tls_key_file, the server speaks TLS only."""
+    tls_key_file: str = ""
+    """PEM private key of tls_cert_file."""
+    tls_client_ca_file: str = ""
+    """PEM CA certificate(s): when set, every client must present a certificate one of them
+    signed (mutual TLS). Needs tls_cert_file and tls_key_file."""
+    auth_tokens: str = dataclasses.field(default="", repr=False)
+    """Bearer tokens and the tenants each may act for ("*": any):
+    `token1=tenant-a|tenant-b;token2=*`. Callers send `authorization: Bearer <token>`."""
+    auth_tokens_file: str = ""
+    """JSON file of bearer tokens: {"<token>": ["tenant-a", "tenant-b"], "<token2>": ["*"]}."""
+    auth_certificate_tenants: str = ""
+    """Under mutual TLS, client certificate common name -> tenants it may act for:
+    `gateway-1=tenant-a|tenant-b;gateway-2=*`."""
+    allow_unauthenticated: bool = False
+    """Listen on a non-loopback address with no caller auth (no tokens, no mutual TLS)."""
     store: str = "sqlite:///var/roundtable.db"
     """Where runs, events and checkpoints live: sqlite:///path/to/file.db, or
     postgresql://user@host:port/db for several replicas."""

@@ -10,6 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from roundtable.api import convert
+from roundtable.api.auth import Authenticator
 from roundtable.api.errors import to_grpc_status
 from roundtable.api.limits import RequestLimits
 from roundtable.api.validation import validate_run_ids, validate_start_run
@@ -68,8 +69,11 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         providers: Collection[str],
         budgets: Budgets,
         metrics: Metrics | None = None,
+        auth: Authenticator | None = None,
     ) -> None:
         self.manager = manager
+        # Which tenants each caller may act for (default: no caller auth, any tenant).
+        self.auth = auth or Authenticator()
         self.metrics = metrics or no_metrics()
         self.limits = limits
         self.providers = frozenset(providers)
@@ -92,6 +96,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         # gets the correlation attributes too.
         trace.get_current_span().set_attributes(run_correlation(run_request.context, "StartRun"))
         try:
+            self.auth.authorize_start(context, run_request.context.tenant)
             subscription = await self.manager.start(run_request, dict(request.credentials))
         except RoundtableError as exc:
             await _abort(context, exc)
@@ -118,6 +123,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         if violations:
             await _abort(context, InvalidRequest(violations))
         try:
+            self.auth.authorize_access(context, request.tenant, request.run_id)
             subscription = await self.manager.stream(
                 request.tenant, request.run_id, request.after_seq
             )
@@ -143,6 +149,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         if violations:
             await _abort(context, InvalidRequest(violations))
         try:
+            self.auth.authorize_access(context, request.tenant, request.run_id)
             result = await self.manager.cancel(
                 request.tenant,
                 request.run_id,
@@ -166,6 +173,7 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         if violations:
             await _abort(context, InvalidRequest(violations))
         try:
+            self.auth.authorize_access(context, request.tenant, request.run_id)
             record, progress = await self.manager.describe(request.tenant, request.run_id)
         except RoundtableError as exc:
             await _abort(context, exc)
