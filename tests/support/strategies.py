@@ -56,8 +56,6 @@ CANARY_SLOT = CANARY_PREFIX + "0" * 32
 FRESH = "fresh"
 """A run_id or thread_id the test replaces with a unique one (see `arm`)."""
 
-PROVIDERS = ("offline", "openai")
-
 _ID_RE = re.compile(r"[A-Za-z0-9._:\-]+")
 ID_ALPHABET = string.ascii_letters + string.digits + "._:-"
 
@@ -96,6 +94,7 @@ SYNTAX = ["@", "@@", "#", "%s", "%n", "{0}", "{}", "${API_KEY}", "{{credentials}
 SYNTAX += ["'", "`", "</system>", "<|im_end|>", "<|endoftext|>", "## Your task", "\n## Persona\n"]
 SYNTAX += ["\n## Roster (JSON)\n[]", "\n## Turn (JSON)\n{", "'; DROP TABLE rt_runs; --"]
 SYNTAX += ["../../etc/passwd", "\\u0000", "]}", '"}]', "\n- ", "Authorization: Bearer "]
+PUNCTUATION = [".", ",", "!", "?", " ", "~", ";", ":", "\t", "\n", "。", "，", "！", "…", "、", "@"]
 DIRECTIVE_WORDS = ["stop", "停止", "停", "继续", "continue", "go on", "报数", "count off"]
 DIRECTIVE_WORDS += ["sound-off", "@all", "@全体成员", "@everyone", "please", "大家报数！", "halt"]
 
@@ -226,9 +225,10 @@ _SEED = st.integers(0, 2**32 - 1)
 class _Gen:
     """Draws one case, recording every field it breaks.
 
-    Which parts and fields are broken is drawn from hypothesis (so a failing case shrinks
-    towards fewer faults); the content of each part comes from a `random.Random` seeded by
-    one draw per part, which keeps a large request down to a few dozen draws.
+    Which parts of the request are broken is drawn from hypothesis; which fields of a part
+    are broken, and the content of every part, come from a `random.Random` seeded by one
+    draw per part. A large request costs a few dozen draws instead of thousands (drawing is
+    most of the cost of a rejected request), and every draw stays meaningful to hypothesis.
     """
 
     def __init__(self, draw: st.DrawFn, profile: Profile) -> None:
@@ -243,9 +243,9 @@ class _Gen:
     # -- faults -----------------------------------------------------------------------
 
     def fault(self, scale: float = 1.0) -> bool:
-        """Whether to break the next field (shrinks towards "no")."""
+        """Whether to break the next field (never, inside a sound zone)."""
         rate = int(self.zone_rate * scale)
-        return rate > 0 and self.draw(_PERCENT) >= 100 - rate
+        return rate > 0 and self.rng.randrange(100) < rate
 
     @contextlib.contextmanager
     def zone(self) -> Iterator[None]:
@@ -694,13 +694,19 @@ def _turn_text(g: _Gen, snapshot: spb.Snapshot) -> str:
     def pieces(low: int, high: int) -> str:
         return " ".join(piece() for _ in range(g.rng.randint(low, high)))
 
-    shape = g.pick("pieces", "pieces", "pieces", "directive", "repeat")
+    shape = g.pick("pieces", "pieces", "directive", "repeat")
     if shape == "directive":
         return g.pick(*DIRECTIVE_WORDS) + g.pick("", "!", " please", "！", "\u200b", " @all")
     if shape == "repeat":
-        # Long, regular text aimed at the directive and @mention parsers.
-        unit = pieces(1, 3) + g.pick(" ", "", ",")
-        size = g.pick(100, 2_000, LIMITS.max_message_bytes // 2)
+        # Long, regular text aimed at the directive and @mention parsers: words, mentions,
+        # or nothing but punctuation and spaces (what a directive may be wrapped in).
+        if g.coin():
+            unit = "".join(g.pick(*PUNCTUATION) for _ in range(g.rng.randint(1, 3)))
+            size = g.pick(2_000, LIMITS.max_message_bytes // 2, LIMITS.max_message_bytes)
+            g.tags.add("repeated-punctuation")
+        else:
+            unit = pieces(1, 3) + g.pick(" ", "", ",")
+            size = g.pick(100, 2_000, LIMITS.max_message_bytes // 2, LIMITS.max_message_bytes)
         g.tags.add("repeated-text")
         return unit * max(1, size // max(1, len(unit.encode("utf-8"))))
     return pieces(1, 6)
@@ -743,10 +749,10 @@ def _user_turn(g: _Gen, snapshot: spb.Snapshot, ids: list[str]) -> None:
         g.tags.add("text-at-limit")
     else:
         turn.text = _turn_text(g, snapshot)
+        if blank(turn.text) and not (turn.mentions or turn.mention_all):
+            turn.text = "hello" + turn.text
         while len(turn.text.encode("utf-8")) > LIMITS.max_message_bytes:
             turn.text = turn.text[: len(turn.text) // 2]
-        if blank(turn.text) and not (turn.mentions or turn.mention_all):
-            turn.text += "hello"
     turn.message_id = g.pick("", g.valid_id(), g.hostile(2))
 
 
@@ -802,6 +808,19 @@ def _pad_to_request_limit(g: _Gen, request: pb.StartRunRequest) -> None:
     g.tags.add("request-near-16MiB")
 
 
+def _no_echo(snapshot: spb.Snapshot, models: Models) -> None:
+    """Points echoing targets elsewhere: the echo server streams one chunk per word of the
+    turn, and thousands of chunks cost the test seconds of SDK parsing per speaker."""
+    refs = [m.model for m in snapshot.members if m.HasField("model")]
+    if snapshot.session.HasField("default_model"):
+        refs.append(snapshot.session.default_model)
+    for ref in refs:
+        for target in (ref.target, *ref.fallbacks):
+            if models.echo_url and target.base_url == models.echo_url:
+                target.base_url = models.dead_url
+                target.model = target.model.replace("echo-", "dead-", 1)
+
+
 @st.composite
 def start_run_cases(draw: st.DrawFn, profile: Profile = Profile()) -> Case:
     """A StartRunRequest, valid or broken on purpose, with the paths of its broken fields."""
@@ -830,6 +849,8 @@ def start_run_cases(draw: st.DrawFn, profile: Profile = Profile()) -> Case:
             _history(g, snapshot, ids)
         with g.zone():
             _user_turn(g, snapshot, ids)
+        if len(snapshot.user_turn.text) > 2_000:
+            _no_echo(snapshot, profile.models)
     with g.zone():
         options = _options(g)
     if options is not None:

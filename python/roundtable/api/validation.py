@@ -30,6 +30,11 @@ class _Collector:
         self.violations: list[FieldViolation] = []
 
     def add(self, path: str, description: str) -> None:
+        # One entry per field: a second problem with the same field joins the first.
+        for i, seen in enumerate(self.violations):
+            if seen.field == path:
+                self.violations[i] = FieldViolation(path, f"{seen.description}; {description}")
+                return
         self.violations.append(FieldViolation(path, description))
 
     def identifier(self, path: str, value: str, *, required: bool = True) -> None:

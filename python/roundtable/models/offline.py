@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -101,7 +102,14 @@ class OfflineKnobs:
 
         def num(name: str, default: float) -> float:
             values = query.get(name)
-            return float(values[0]) if values else default
+            if not values:
+                return default
+            try:
+                value = float(values[0])
+            except ValueError:
+                return default
+            # nan, inf or a negative pause would stall a run until its deadline.
+            return min(max(value, 0.0), 600_000.0) if math.isfinite(value) else default
 
         return cls(
             token_delay_s=num("token_delay_ms", default_token_delay_s * 1000) / 1000,
