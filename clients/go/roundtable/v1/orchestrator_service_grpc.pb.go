@@ -37,7 +37,9 @@ const (
 // Errors are gRPC status codes with google.rpc details:
 //
 //	INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
-//	                   every bad field, and nothing of the request is stored.
+//	                   every bad field once (while they fit in 4 KiB of details;
+//	                   then a last entry counts the rest), and nothing of the
+//	                   request is stored.
 //	ALREADY_EXISTS     the run_id is known with a different snapshot.
 //	NOT_FOUND          no such run for this tenant (another tenant's run looks
 //	                   exactly like a missing one).
@@ -151,7 +153,9 @@ func (c *orchestratorServiceClient) GetRun(ctx context.Context, in *GetRunReques
 // Errors are gRPC status codes with google.rpc details:
 //
 //	INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
-//	                   every bad field, and nothing of the request is stored.
+//	                   every bad field once (while they fit in 4 KiB of details;
+//	                   then a last entry counts the rest), and nothing of the
+//	                   request is stored.
 //	ALREADY_EXISTS     the run_id is known with a different snapshot.
 //	NOT_FOUND          no such run for this tenant (another tenant's run looks
 //	                   exactly like a missing one).
