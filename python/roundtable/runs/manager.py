@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
@@ -101,6 +101,17 @@ class RunLimits:
     """Runs of one tenant executing at once."""
     stream_buffer: int = 1_024
     """Events buffered per stream (see `live.Subscription`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """How one execution of a run starts. `credentials` stays in memory only."""
+
+    credentials: dict[str, str] = field(repr=False)
+    directive: Directive
+    resumed: bool
+    continuation: Continuation | None
+    wait_for: LiveRun | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,15 +236,15 @@ class RunManager:
             self._live[key] = live
             self._threads[live.thread_key] = live
             subscription = live.subscribe(record.last_seq)
+            launch = Launch(
+                credentials=credentials,
+                directive=directive,
+                resumed=bool(prior_events),
+                continuation=continuation,
+                wait_for=wait_for,
+            )
             live.task = asyncio.create_task(
-                self._execute(
-                    live,
-                    credentials,
-                    directive=directive,
-                    resumed=bool(prior_events),
-                    continuation=continuation,
-                    wait_for=wait_for,
-                ),
+                self._execute(live, launch),
                 name=f"run:{ctx.tenant}/{ctx.run_id}",
             )
             return subscription
@@ -285,57 +296,32 @@ class RunManager:
 
     # -- executing --------------------------------------------------------------------------
 
-    async def _execute(
-        self,
-        live: LiveRun,
-        credentials: dict[str, str],
-        *,
-        directive: Directive,
-        resumed: bool,
-        continuation: Continuation | None,
-        wait_for: LiveRun | None,
-    ) -> None:
+    async def _execute(self, live: LiveRun, launch: Launch) -> None:
         """Runs the run in a span that continues the starting request's trace.
 
         A resumed run (perhaps in another process) links to the span that first ran it.
         """
         record = live.record
         links = []
-        first = _span_context(record.trace_context) if resumed else None
+        first = _span_context(record.trace_context) if launch.resumed else None
         if first is not None:
             links.append(trace.Link(first, {"roundtable.link": "first_execution"}))
         attributes: dict[str, AttributeValue] = {
             **run_correlation(live.request.context, "run"),
-            "roundtable.resumed": resumed,
+            "roundtable.resumed": launch.resumed,
         }
         started = time.perf_counter()
         with self.tracer.start_as_current_span(
             "roundtable.run", attributes=attributes, links=links
         ):
             try:
-                await self._run(
-                    live,
-                    credentials,
-                    directive=directive,
-                    resumed=resumed,
-                    continuation=continuation,
-                    wait_for=wait_for,
-                )
+                await self._run(live, launch)
             finally:
                 status = {"roundtable.status": record.status.value}
                 self.metrics.runs.add(1, status)
                 self.metrics.run_duration.record(time.perf_counter() - started, status)
 
-    async def _run(
-        self,
-        live: LiveRun,
-        credentials: dict[str, str],
-        *,
-        directive: Directive,
-        resumed: bool,
-        continuation: Continuation | None,
-        wait_for: LiveRun | None,
-    ) -> None:
+    async def _run(self, live: LiveRun, launch: Launch) -> None:
         record = live.record
         sink = RunSink(live, self.store, first_seq=record.last_seq)
         request = live.request
@@ -344,8 +330,8 @@ class RunManager:
         if self.store.shared:
             live.stop.poller = lambda: self._remote_cancel(record)
         try:
-            if wait_for is not None:
-                await wait_for.done.wait()
+            if launch.wait_for is not None:
+                await launch.wait_for.done.wait()
                 if live.stop.requested:
                     raise Drained(live.stop.reason)
                 record.status = RunStatus.RUNNING
@@ -354,22 +340,22 @@ class RunManager:
                 Route.SINGLE if request.snapshot.session.kind is SessionKind.SINGLE else Route.GROUP
             )
             await sink.emit(
-                RunStarted(route=route, resumed=resumed, thread_id=request.context.thread_id)
+                RunStarted(route=route, resumed=launch.resumed, thread_id=request.context.thread_id)
             )
             context = GraphContext(
                 request=request,
-                directive=directive,
+                directive=launch.directive,
                 harness=self.harness,
                 sink=sink,
                 stop=live.stop,
-                credentials=credentials,
+                credentials=launch.credentials,
                 prior=Prior(
                     steps=tuple(live.progress.steps),
                     finished=dict(live.progress.finished),
                     rounds=live.progress.rounds,
                     memory_proposed=live.progress.memory_proposed,
                 ),
-                continuation=continuation,
+                continuation=launch.continuation,
                 settings=self.graph_settings,
                 tracer=self.tracer,
                 metrics=self.metrics,
@@ -379,7 +365,7 @@ class RunManager:
                 "recursion_limit": 10_000,
             }
             graph_input: dict[str, Any] | None = {}
-            if resumed:
+            if launch.resumed:
                 # Continue from the last checkpoint when there is one; the event log (in
                 # the context) still decides which speakers are finished.
                 checkpoint = await self.graph.aget_state(config)
