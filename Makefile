@@ -12,7 +12,7 @@ BUF := npx --yes @bufbuild/buf@1.75.0
 GO_TOOLS := $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 ARGS ?=
 
-.PHONY: help run test lint generate checkgenerate breaking demo graph tools venv postgres clean
+.PHONY: help run test lint generate checkgenerate breaking demo graph tools venv postgres bench bench-quick clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -64,6 +64,12 @@ breaking: ## buf breaking check of proto/ against the previous commit
 	  $(BUF) breaking --against '.git#ref=HEAD~1,subdir=proto' && echo "no breaking change against HEAD~1"; \
 	else echo "no previous commit to compare with"; fi
 
+bench: venv ## Benchmarks B1-B7 (~10 min): bench/results/latest.{md,json}
+	bench/run.sh $(ARGS)
+
+bench-quick: venv ## Benchmarks, quick mode (CI smoke, ~2 min; figures not asserted)
+	bench/run.sh --quick $(ARGS)
+
 graph: venv ## Print the conversation graph as Mermaid
 	$(VENV)/bin/roundtable graph
 
@@ -75,4 +81,4 @@ postgres: ## Start the test PostgreSQL (installs it from Debian if missing) and 
 
 clean: ## Remove the venv, tools, databases and caches
 	scripts/postgres.sh stop
-	rm -rf $(VENV) .tools var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools var .pytest_cache .mypy_cache .ruff_cache bench/.venv-peer

@@ -1,0 +1,223 @@
+"""The bench's server process for B2: `roundtable serve` plus two bench-only providers and a
+raw grpc.aio stream, built through the product's own composition root (`running_server`).
+
+Providers (selected by a ModelTarget's `provider`; knobs in its base_url query string,
+e.g. `flood:?tokens=100000&token_delay_ms=0&yield_every=1`):
+
+- `flood`: a LangChain chat model behind the product's `LangChainProvider`, the path every
+  real model takes. It streams `tokens` tokens, ignoring max_tokens.
+- `floodnative`: a `ChatProvider` that calls `on_text` directly: the ceiling of Roundtable's
+  own pipe (sink coalescing, fan-out, gRPC) without LangChain's per-chunk cost.
+
+Every token is its own production time: six base-36 characters of CLOCK_MONOTONIC
+microseconds and a space (7 bytes), so the client measures the latency of each token.
+
+With BENCH_GC_FREEZE=1 in the environment it also runs `gc.collect(); gc.freeze()` once
+serving (an experiment of B3, not something the product does). With BENCH_PROFILE=FILE,
+SIGUSR1 starts cProfile and SIGUSR2 stops it and writes FILE (bench/profile_turn.py), so a
+profile holds the measured turns only, not start-up.
+
+`/bench.Raw/Stream` (a generic handler on a second port) sends N messages, one token a
+message, each a full `StartRunResponse` with an `assistant_delta`: the raw grpc.aio
+baseline, measured in the same process and the same run. `/bench.Raw/ModelAlone`
+(`langchain:N` or `native:N`) consumes a bench model in this process with nothing else and
+answers its tokens/s: the model's own ceiling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import grpc
+from benchlib import stamp_now
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessageChunk, HumanMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from roundtable.domain.events import TokenUsage
+from roundtable.models.base import ChatCall
+from roundtable.models.base import ChatResult as RtResult
+from roundtable.models.langchain_provider import LangChainProvider
+from roundtable.server import running_server
+from roundtable.settings import load_settings
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+
+log = logging.getLogger("bench.flood_server")
+
+
+def knobs(base_url: str) -> tuple[int, float, int]:
+    """(tokens, token delay in seconds, yield to the event loop every N tokens)."""
+    query = parse_qs(urlsplit(base_url).query) if base_url else {}
+
+    def num(name: str, default: float) -> float:
+        values = query.get(name)
+        return float(values[0]) if values else default
+
+    return int(num("tokens", 1000)), num("token_delay_ms", 0) / 1000, int(num("yield_every", 1))
+
+
+async def produce(tokens: int, delay_s: float, yield_every: int) -> AsyncIterator[str]:
+    """Stamped tokens, paced by `delay_s`, or as fast as possible yielding to the loop."""
+    for i in range(tokens):
+        if delay_s:
+            if i:
+                await asyncio.sleep(delay_s)
+        elif yield_every and i % yield_every == 0:
+            await asyncio.sleep(0)  # a network model hands control back between reads
+        yield stamp_now() + " "
+
+
+class FloodChatModel(BaseChatModel):
+    """A LangChain chat model that streams N stamped tokens."""
+
+    tokens: int = 1000
+    delay_s: float = 0.0
+    yield_every: int = 1
+
+    @property
+    def _llm_type(self) -> str:
+        return "bench-flood"
+
+    def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("async only")
+
+    async def _astream(
+        self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for token in produce(self.tokens, self.delay_s, self.yield_every):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=token))
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                usage_metadata=UsageMetadata(
+                    input_tokens=1, output_tokens=self.tokens, total_tokens=self.tokens + 1
+                ),
+                response_metadata={"finish_reason": "stop"},
+                chunk_position="last",
+            )
+        )
+
+
+def flood_factory(target: Any, _api_key: str | None) -> BaseChatModel:
+    tokens, delay_s, yield_every = knobs(target.base_url)
+    return FloodChatModel(tokens=tokens, delay_s=delay_s, yield_every=yield_every)
+
+
+class NativeFloodProvider:
+    """A ChatProvider that streams straight into `on_text` (no LangChain)."""
+
+    name = "floodnative"
+
+    async def complete(
+        self, target: Any, call: ChatCall, *, api_key: str | None, on_text: Any
+    ) -> RtResult:
+        tokens, delay_s, yield_every = knobs(target.base_url)
+        parts: list[str] = []
+        async for token in produce(tokens, delay_s, yield_every):
+            parts.append(token)
+            if on_text is not None:
+                on_text(token)
+        return RtResult(
+            text="".join(parts),
+            usage=TokenUsage(1, tokens),
+            finish_reason="stop",
+            model=f"{target.provider}/{target.model}",
+        )
+
+
+def raw_handler() -> grpc.GenericRpcHandler:
+    """`/bench.Raw/Stream`: the request is N as ASCII; N messages of one token each."""
+
+    async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        for _ in range(int(request.decode())):
+            yield pb.StartRunResponse(
+                event=epb.RunEvent(
+                    run_id="raw",
+                    seq=1,
+                    assistant_delta=epb.AssistantDelta(
+                        reply_id="raw#0", text=stamp_now() + " ", attempt=1
+                    ),
+                )
+            )
+
+    async def model_alone(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The bench models consumed in this process with nothing else: tokens/s."""
+        kind, _, n = request.decode().partition(":")
+        tokens = int(n)
+        t0 = time.perf_counter()
+        if kind == "langchain":
+            model = FloodChatModel(tokens=tokens)
+            async for _ in model.astream([HumanMessage("tell me a very long story")]):
+                pass
+        else:
+            async for _ in produce(tokens, 0, 1):
+                pass
+        return f"{tokens / (time.perf_counter() - t0):.1f}".encode()
+
+    handler = grpc.unary_stream_rpc_method_handler(
+        stream, response_serializer=pb.StartRunResponse.SerializeToString
+    )
+    alone = grpc.unary_unary_rpc_method_handler(model_alone)
+    return grpc.method_handlers_generic_handler(
+        "bench.Raw", {"Stream": handler, "ModelAlone": alone}
+    )
+
+
+async def main(argv: list[str]) -> None:
+    settings = load_settings(argv)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    providers = {
+        "flood": LangChainProvider("flood", flood_factory),
+        "floodnative": NativeFloodProvider(),
+    }
+    async with running_server(settings, extra_providers=providers) as running:
+        raw = grpc.aio.server()
+        raw.add_generic_rpc_handlers((raw_handler(),))
+        raw_port = raw.add_insecure_port("127.0.0.1:0")
+        await raw.start()
+        profile_path = os.environ.get("BENCH_PROFILE")
+        if profile_path:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            loop.add_signal_handler(signal.SIGUSR1, profiler.enable)
+
+            def dump() -> None:
+                profiler.disable()
+                profiler.dump_stats(profile_path)
+                log.warning("bench: profile written")
+
+            loop.add_signal_handler(signal.SIGUSR2, dump)
+        if os.environ.get("BENCH_GC_FREEZE"):
+            gc.collect()
+            gc.freeze()
+            log.warning("bench: gc frozen (%d objects)", gc.get_freeze_count())
+        log.warning("bench raw stream on 127.0.0.1:%d", raw_port)
+        log.warning("roundtable serving on 127.0.0.1:%d (bench flood server)", running.port)
+        await stop.wait()
+        await raw.stop(0)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))

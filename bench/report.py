@@ -1,0 +1,464 @@
+"""Merges the suite's and the peer's results, judges every goal of issue 7, and writes
+`<out>.json` and `<out>.md` (default bench/results/latest.*); prints the Markdown.
+
+Usage: python bench/report.py --suite FILE --peer FILE [--out bench/results/latest]
+(standard library only, so any Python 3.11 runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:  # nan
+            return "nan"
+        if value == float("inf"):
+            return "inf"
+        a = abs(value)
+        if a >= 10_000:
+            return f"{value:,.0f}"
+        if a >= 100:
+            return f"{value:.0f}"
+        if a >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    return str(value)
+
+
+def error_line(text: str) -> str:
+    """The most telling line of a traceback."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("details =") or ("Error" in line and not line.startswith("File ")):
+            return line.replace("|", "\\|")
+    return lines[-1].replace("|", "\\|") if lines else ""
+
+
+def fig(results: dict[str, Any], bench: str, name: str, *path: str) -> dict[str, Any] | None:
+    node: Any = results.get("benches", {}).get(bench, {})
+    for key in path or ("figures",):
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+    found = node.get(name) if isinstance(node, dict) else None
+    return found if isinstance(found, dict) and found.get("median") is not None else None
+
+
+def paired_ratio(num: dict[str, Any] | None, den: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Ratio per repetition when both were measured interleaved, else ratio of medians."""
+    if not num or not den:
+        return None
+    a, b = num.get("samples") or [], den.get("samples") or []
+    if a and len(a) == len(b):
+        ratios = [x / y for x, y in zip(a, b, strict=True) if y]
+        return {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)}
+    r = num["median"] / den["median"]
+    return {"min": r, "median": r, "max": r}
+
+
+def goal(
+    name: str,
+    target: str,
+    measured: dict[str, Any] | None,
+    ok: Any,
+    detail: str = "",
+    unit: str = "",
+) -> dict[str, Any]:
+    met = None if ok is None else bool(ok)
+    if measured is None and target != "report":
+        detail = "not measured (see Errors)"
+    return {
+        "goal": name,
+        "target": target,
+        "median": measured.get("median") if measured else None,
+        "min": measured.get("min") if measured else None,
+        "max": measured.get("max") if measured else None,
+        "unit": unit,
+        "met": met,
+        "detail": detail,
+    }
+
+
+def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
+    goals: list[dict[str, Any]] = []
+    # B1
+    floor = fig(suite, "B1", "i_floor")
+    e2e = fig(suite, "B1", "iii_grpc")
+    r = paired_ratio(e2e, floor)
+    goals.append(
+        goal(
+            "B1 end to end over gRPC ÷ in-process floor",
+            "≤ 2.0",
+            r,
+            r and r["median"] <= 2.0,
+            f"(iii) {fmt(e2e and e2e['median'])} ms vs (i) {fmt(floor and floor['median'])} ms",
+            "x",
+        )
+    )
+    for variant, label in (
+        ("ii_durable", "B1 in-process durable ÷ floor (ii ÷ i)"),
+        ("ii_durable_sync_full", "B1 durable with synchronous=FULL (LangGraph default) ÷ floor"),
+        ("ii_durable_exit", "B1 durable, durability='exit' ÷ floor"),
+    ):
+        v = fig(suite, "B1", variant)
+        rr = paired_ratio(v, floor)
+        goals.append(goal(label, "report", rr, None, f"{fmt(v and v['median'])} ms", "x"))
+    # B2
+    for key, label in (
+        (
+            "ratio_langchain_vs_raw",
+            "B2 streamed tokens/s ÷ raw gRPC msgs/s (LangChain provider path)",
+        ),
+        (
+            "ratio_native_vs_raw",
+            "B2 streamed tokens/s ÷ raw gRPC msgs/s (native provider: Roundtable's pipe)",
+        ),
+    ):
+        v = fig(suite, "B2", key)
+        goals.append(goal(label, "≥ 20", v, v and v["median"] >= 20, "", "x"))
+    paced = fig(suite, "B2", "paced_latency_p99_ms")
+    cfg = suite.get("benches", {}).get("B2", {}).get("paced", {})
+    goals.append(
+        goal(
+            "B2 token produced → received latency p99, at model pace",
+            "≤ 30 ms",
+            paced,
+            paced and paced["median"] <= 30,
+            f"{cfg.get('token_delay_ms', '?')} ms/token, default 20 ms window / 1,024 B cap",
+            "ms",
+        )
+    )
+    flood = fig(suite, "B2", "flood_langchain_latency_p99_ms")
+    goals.append(
+        goal(
+            "B2 token latency p99 while flooding (LangChain path)",
+            "≤ 30 ms",
+            flood,
+            flood and flood["median"] <= 30,
+            "",
+            "ms",
+        )
+    )
+    # B3
+    b3_body = suite.get("benches", {}).get("B3", {})
+    b3 = b3_body.get("figures", {})
+    if b3:
+        rate = b3.get("max_rate_per_s")
+        below = [
+            fmt(s["rate_per_s"])
+            for s in b3_body.get("steps", [])
+            if not s["passed"] and s["rate_per_s"] < (rate or 0)
+        ]
+        goals.append(
+            goal(
+                "B3 highest open-loop rate with every run completed and TTFE p99 ≤ 100 ms",
+                "report",
+                {"median": float(rate or 0), "min": None, "max": None},
+                None,
+                f"CPU {fmt(b3.get('cpu_s_per_turn_at_max'))} s/turn at that rate"
+                + (f"; lower rate(s) that failed: {', '.join(below)}/s" if below else ""),
+                "turns/s",
+            )
+        )
+        goals.append(
+            goal(
+                "B3 experiment: the same with gc.freeze() after start-up (not the product)",
+                "report",
+                {
+                    "median": float(b3.get("experiment_gc_frozen_max_rate_per_s") or 0),
+                    "min": None,
+                    "max": None,
+                },
+                None,
+                "shows the cost of gen-2 GC pauses on the TTFE tail",
+                "turns/s",
+            )
+        )
+    # B4
+    b4 = fig(suite, "B4", "kb_per_parked_run")
+    runs = suite.get("benches", {}).get("B4", {}).get("runs")
+    goals.append(
+        goal(
+            "B4 RSS per in-flight run (parked in a model call)",
+            "≤ 64 KB",
+            b4,
+            b4 and b4["median"] <= 64,
+            f"{fmt(runs)} runs parked",
+            "KB",
+        )
+    )
+    # B5
+    h10, h10k = fig(suite, "B5", "history_10"), fig(suite, "B5", "history_10000")
+    r = paired_ratio(h10k, h10)
+    goals.append(
+        goal(
+            "B5 turn with 10,000 history messages ÷ with 10",
+            "≤ 1.2",
+            r,
+            r and r["median"] <= 1.2,
+            f"{fmt(h10k and h10k['median'])} ms vs {fmt(h10 and h10['median'])} ms",
+            "x",
+        )
+    )
+    s1, s4, s16 = (fig(suite, "B5", f"speakers_{n}") for n in (1, 4, 16))
+    if s1 and s4 and s16:
+        inc_low = (s4["median"] - s1["median"]) / 3
+        inc_high = (s16["median"] - s4["median"]) / 12
+        ratio = inc_high / inc_low if inc_low > 0 else float("inf")
+        goals.append(
+            goal(
+                "B5 speakers 1/4/16 linear: ms per added speaker, 4→16 ÷ 1→4",
+                "≤ 1.25",
+                {"median": ratio, "min": None, "max": None},
+                ratio <= 1.25,
+                f"{fmt(s1['median'])} / {fmt(s4['median'])} / {fmt(s16['median'])} ms; "
+                f"+{fmt(inc_low)} ms/speaker (1→4), +{fmt(inc_high)} ms/speaker (4→16)",
+                "x",
+            )
+        )
+    # B6
+    calls = fig(suite, "B6", "model_calls_speakers_1_8")
+    reps = suite.get("benches", {}).get("B6", {}).get("reps", [])
+    all_done = bool(reps) and all(r.get("completed") and r.get("resumed_flag") for r in reps)
+    ttfe = fig(suite, "B6", "time_to_first_event_ms")
+    goals.append(
+        goal(
+            "B6 model calls for speakers 1-8 after SIGKILL + resume",
+            "= 0, and the resumed run completes",
+            calls,
+            (calls["max"] == 0 and all_done) if calls else None,
+            f"resume completed in {sum(1 for r in reps if r.get('completed'))}/{len(reps)}; "
+            f"first new event after {fmt(ttfe and ttfe['median'])} ms",
+            "calls",
+        )
+    )
+    goals.append(goal("B6 time to first new event after resume", "report", ttfe, None, "", "ms"))
+    # B7
+    autogen = (peer.get("figures") or {}).get("autogen_turn_ms")
+    r = None
+    if autogen and e2e:
+        value = e2e["median"] / autogen["median"]
+        r = {
+            "median": value,
+            "min": e2e["min"] / autogen["max"],
+            "max": e2e["max"] / autogen["min"],
+        }
+    goals.append(
+        goal(
+            "B7 Roundtable durable turn over gRPC ÷ AutoGen RoundRobinGroupChat in process",
+            "≤ 1.0",
+            r,
+            r and r["median"] <= 1.0,
+            f"{fmt(e2e and e2e['median'])} ms vs {fmt(autogen and autogen['median'])} ms",
+            "x",
+        )
+    )
+    return goals
+
+
+def all_figures(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+
+    def add(bench: str, name: str, f: Any) -> None:
+        if isinstance(f, dict) and "median" in f and "unit" in f:
+            rows.append(
+                {
+                    "bench": bench,
+                    "name": name,
+                    **{k: f.get(k) for k in ("min", "median", "max", "unit", "n")},
+                }
+            )
+
+    for bench, body in suite.get("benches", {}).items():
+        for name, f in body.get("figures", {}).items():
+            add(bench, name, f)
+        for name, f in body.get("components", {}).get("figures", {}).items():
+            add(bench + " parts", name, f)
+    for name, f in (peer.get("figures") or {}).items():
+        add("B7", name, f)
+    return rows
+
+
+def markdown(
+    suite: dict[str, Any],
+    peer: dict[str, Any],
+    goals: list[dict[str, Any]],
+    figures: list[dict[str, Any]],
+) -> str:
+    m = suite.get("machine", {})
+    v = m.get("versions", {})
+    lines = [
+        f"# Roundtable benchmark ({suite.get('mode', '?')} mode)",
+        "",
+        f"- date: {m.get('date_utc')}; HEAD {m.get('commit')} (the work tree may hold uncommitted changes)",
+        f"- machine: {m.get('nproc')} cores, {m.get('memory_gib')} GiB, {m.get('cpu_model')}, kernel {m.get('kernel')}",
+        f"- load average (1/5/15 min) at start {' / '.join(m.get('loadavg_start') or ['?'])}, "
+        f"at end {' / '.join(m.get('loadavg_end') or ['?'])} (other work on the machine widens min-max)",
+        f"- Python {m.get('python')}; "
+        + ", ".join(f"{k} {val}" for k, val in v.items())
+        + (
+            "; AutoGen peer: "
+            + ", ".join(f"{k} {val}" for k, val in (peer.get("versions") or {}).items())
+            if peer
+            else "; AutoGen peer: not run"
+        ),
+        f"- suite {fmt(suite.get('seconds'))} s, peer {fmt(peer.get('seconds') if peer else None)} s"
+        + (
+            "; quick mode: fewer repetitions and shorter runs, figures are a smoke test only"
+            if suite.get("mode") == "quick"
+            else ""
+        ),
+        "",
+        "## Goals (issue 7)",
+        "",
+        "| goal | target | median | min | max | unit | met | detail |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for g in goals:
+        met = {True: "**met**", False: "**not met**", None: "—"}[g["met"]]
+        lines.append(
+            f"| {g['goal']} | {g['target']} | {fmt(g['median'])} | {fmt(g['min'])} | {fmt(g['max'])} | {g['unit']} | {met} | {g['detail']} |"
+        )
+    lines += [
+        "",
+        "## Every figure (min / median / max over repetitions)",
+        "",
+        "| bench | figure | min | median | max | unit | n |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for f in figures:
+        lines.append(
+            f"| {f['bench']} | {f['name']} | {fmt(f['min'])} | {fmt(f['median'])} | {fmt(f['max'])} | {f['unit']} | {fmt(f.get('n'))} |"
+        )
+    b1 = suite.get("benches", {}).get("B1", {})
+    if b1.get("server_cpu_ms_per_turn"):
+        lines += [
+            "",
+            "### B1 CPU per end-to-end turn",
+            "",
+            "| variant | serve process CPU ms/turn | bench client CPU ms/turn |",
+            "| --- | ---: | ---: |",
+        ]
+        for name, ms in b1["server_cpu_ms_per_turn"].items():
+            lines.append(
+                f"| {name} | {fmt(ms)} | {fmt((b1.get('client_cpu_ms_per_turn') or {}).get(name))} |"
+            )
+    if b1.get("rows_per_turn"):
+        lines += [
+            "",
+            "### B1 store rows written per turn",
+            "",
+            "| variant | checkpoints | writes | events |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for name, r in b1["rows_per_turn"].items():
+            lines.append(
+                f"| {name} | {fmt(r.get('checkpoints'))} | {fmt(r.get('writes'))} | {fmt(r.get('rt_events'))} |"
+            )
+    b3 = suite.get("benches", {}).get("B3", {})
+    for title, steps in (
+        ("B3 open-loop steps", b3.get("steps", [])),
+        ("B3 experiment, gc.freeze() after start-up", b3.get("experiment_gc_frozen_steps", [])),
+    ):
+        if not steps:
+            continue
+        lines += [
+            "",
+            f"### {title} ({fmt(b3.get('step_s'))} s each)",
+            "",
+            "| rate/s | started | completed | TTFE p50 ms | TTFE p99 ms | p99 by fifth (min/med/max) | turn p99 s | server CPU s/turn | server CPU util | passed |",
+            "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+        ]
+        for s in steps:
+            w = s.get("ttfe_p99_by_window_ms", {})
+            lines.append(
+                f"| {fmt(s['rate_per_s'])} | {s['started']} | {s['completed']} | {fmt(s['ttfe_p50_ms'])} | {fmt(s['ttfe_p99_ms'])} | "
+                f"{fmt(w.get('min'))} / {fmt(w.get('median'))} / {fmt(w.get('max'))} | {fmt(s['turn_p99_s'])} | "
+                f"{fmt(s['cpu_s_per_turn'])} | {fmt(s['server_cpu_util'])} | {fmt(s['passed'])} |"
+            )
+    reps = suite.get("benches", {}).get("B6", {}).get("reps", [])
+    if reps:
+        lines += [
+            "",
+            "### B6 repetitions",
+            "",
+            "| first event ms | first speaker ms | calls 1-8 | finals in B (steps) | resumed | completed |",
+            "| ---: | ---: | ---: | --- | --- | --- |",
+        ]
+        for r in reps:
+            lines.append(
+                f"| {fmt(r['ttfe_ms'])} | {fmt(r['first_speaker_ms'])} | {r['model_calls_speakers_1_8']} | "
+                f"{','.join(map(str, r['b_finals']))} | {fmt(r['resumed_flag'])} | {fmt(r['completed'])} |"
+            )
+    errors = dict(suite.get("errors", {}))
+    comp_errors = b1.get("components", {}).get("errors", {})
+    if comp_errors:
+        errors["B1 parts"] = json.dumps(comp_errors)
+    if peer.get("error"):
+        errors["B7"] = peer["error"]
+    if errors:
+        lines += ["", "## Errors", ""]
+        for name, text in errors.items():
+            lines.append(f"- {name}: {error_line(text)}")
+    lines += ["", "## How each figure is measured", ""]
+    for bench, body in suite.get("benches", {}).items():
+        if body.get("notes"):
+            lines.append(f"- **{bench}** ({fmt(body.get('seconds'))} s): {body['notes']}")
+    if peer.get("notes"):
+        lines.append(f"- **B7**: {peer['notes']}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--suite", default=str(HERE / "results" / "latest.suite.json"))
+    parser.add_argument("--peer", default=str(HERE / "results" / "latest.peer.json"))
+    parser.add_argument("--out", default=str(HERE / "results" / "latest"))
+    args = parser.parse_args()
+    suite = json.loads(Path(args.suite).read_text()) if Path(args.suite).exists() else {}
+    peer_path = Path(args.peer)
+    try:
+        peer = json.loads(peer_path.read_text()) if peer_path.exists() else {}
+    except ValueError as exc:
+        peer = {"error": f"unreadable peer results: {exc}"}
+    goals = judge(suite, peer)
+    figures = all_figures(suite, peer)
+    text = markdown(suite, peer, goals, figures)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.md").write_text(text)
+    Path(f"{out}.json").write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "mode": suite.get("mode"),
+                "machine": suite.get("machine"),
+                "peer_versions": peer.get("versions"),
+                "goals": goals,
+                "figures": figures,
+                "suite": suite,
+                "peer": peer,
+            },
+            indent=2,
+            default=float,
+        )
+    )
+    print(text)
+    print(f"wrote {out}.md and {out}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

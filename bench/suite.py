@@ -1,0 +1,1219 @@
+"""Roundtable's benchmark suite: figures B1-B6 of issue 7 (B7, the AutoGen peer, runs in its
+own venv: bench/peer_autogen.py). Run with the main venv: `.venv/bin/python bench/suite.py`.
+
+Every figure is min / median / max over repetitions taken after a warm-up; a repetition of a
+per-turn figure is the mean of a batch of sequential turns. Figures that are compared with
+each other (B1's variants, B5's configurations) are measured interleaved, repetition by
+repetition, so that the machine's noise hits them alike. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import json
+import logging
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import (
+    BENCH,
+    COUNT_OFF,
+    Server,
+    kind_of,
+    machine_info,
+    model_ref,
+    offline_ref,
+    percentile,
+    stamp_age_ms,
+    summary,
+    turn_request,
+    with_run_id,
+)
+
+log = logging.getLogger("bench")
+
+warnings.filterwarnings("ignore", message="`durability` has no effect")
+
+
+@dataclass(frozen=True)
+class Config:
+    """How much of everything to do (quick: CI smoke; full: the figures)."""
+
+    quick: bool
+    warmup: int  # turns before measuring
+    reps: int  # repetitions per figure (>= 5 in full mode)
+    turns: int  # sequential turns per repetition
+    b2_tokens: int
+    b2_raw_messages: int
+    b2_paced_tokens: int
+    b2_paced_delay_ms: float
+    b3_rates: tuple[float, ...]
+    b3_step_s: float
+    b3_bisect: bool
+    b4_runs: int
+    b4_reps: int
+    b5_reps: int
+    b5_turns: int
+    b6_reps: int
+
+
+FULL = Config(
+    quick=False,
+    warmup=10,
+    reps=5,
+    turns=20,
+    b2_tokens=100_000,
+    b2_raw_messages=30_000,
+    b2_paced_tokens=2_000,
+    b2_paced_delay_ms=2.0,
+    b3_rates=(2, 4, 8, 16, 32, 64),
+    b3_step_s=20.0,
+    b3_bisect=True,
+    b4_runs=1_000,
+    b4_reps=5,
+    b5_reps=5,
+    b5_turns=10,
+    b6_reps=5,
+)
+
+QUICK = Config(
+    quick=True,
+    warmup=3,
+    reps=3,
+    turns=5,
+    b2_tokens=10_000,
+    b2_raw_messages=10_000,
+    b2_paced_tokens=500,
+    b2_paced_delay_ms=2.0,
+    b3_rates=(4, 16),
+    b3_step_s=4.0,
+    b3_bisect=False,
+    b4_runs=300,
+    b4_reps=1,
+    b5_reps=3,
+    b5_turns=3,
+    b6_reps=1,
+)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+_ids = iter(range(1, 10**9))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{next(_ids)}"
+
+
+async def drain_stream(call: Any) -> list[Any]:
+    """Every event of a StartRun stream."""
+    return [response.event async for response in call]
+
+
+async def grpc_turn(stub: Any, request: Any) -> list[Any]:
+    events = await drain_stream(stub.StartRun(request))
+    if not events or kind_of(events[-1]) != "run_completed":
+        raise RuntimeError(f"turn did not complete: {[kind_of(e) for e in events][-3:]}")
+    return events
+
+
+async def batch_ms(turn: Callable[[], Awaitable[Any]], n: int) -> float:
+    """Mean milliseconds per turn over n sequential turns."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await turn()
+    return (time.perf_counter() - t0) * 1000 / n
+
+
+async def interleaved(
+    variants: dict[str, Callable[[], Awaitable[Any]]], cfg: Config, turns: int, reps: int
+) -> dict[str, list[float]]:
+    """Warm-up, then `reps` rounds of one batch per variant (so noise hits all alike)."""
+    for turn in variants.values():
+        for _ in range(cfg.warmup):
+            await turn()
+    out: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, turn in variants.items():
+            gc.collect()
+            out[name].append(await batch_ms(turn, turns))
+    return out
+
+
+# -- B1: overhead -------------------------------------------------------------------------
+
+
+class MemoryRunStore:
+    """A RunStore in dicts: no durability at all (B1's floor). Leases always succeed."""
+
+    checkpointer = None
+    shared = False
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[str, str], Any] = {}
+        self.events: dict[tuple[str, str], list[Any]] = {}
+        self.unknown: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        # A store method added to the protocol after this was written: a no-op, noted.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self.unknown.add(name)
+
+        async def noop(*_args: Any, **_kwargs: Any) -> None:
+            return None
+
+        return noop
+
+    async def create_run(self, record: Any) -> None:
+        key = (record.tenant, record.run_id)
+        if key in self.runs:
+            raise KeyError(key)
+        self.runs[key] = dataclasses.replace(record)
+
+    async def get_run(self, tenant: str, run_id: str) -> Any:
+        record = self.runs.get((tenant, run_id))
+        return dataclasses.replace(record) if record else None
+
+    async def update_run(self, record: Any) -> None:
+        self.runs[(record.tenant, record.run_id)] = dataclasses.replace(record)
+
+    async def append_event(self, tenant: str, run_id: str, event: Any) -> None:
+        self.events.setdefault((tenant, run_id), []).append(event)
+
+    async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[Any]:
+        return [e for e in self.events.get((tenant, run_id), []) if e.seq > after_seq]
+
+    async def latest_resumable(self, tenant: str, thread_id: str) -> Any:
+        return None
+
+    async def mark_interrupted(self) -> int:
+        return 0
+
+    async def acquire_lease(self, *_args: Any) -> bool:
+        return True
+
+    async def renew_lease(self, *_args: Any) -> bool:
+        return True
+
+    async def release_lease(self, *_args: Any) -> None:
+        return None
+
+    async def request_cancel(self, *_args: Any) -> None:
+        return None
+
+    async def count_rows(self) -> int:
+        return len(self.runs) + sum(len(v) for v in self.events.values())
+
+    async def close(self) -> None:
+        pass
+
+
+class InProcess:
+    """The server's own wiring (`running_server`), driven in process through its RunManager.
+
+    Variants swap one part of the running server: the graph (compiled without a
+    checkpointer), the store (a dict), the durability setting or the SQLite `synchronous`
+    pragma; everything else is what `roundtable serve` builds.
+    """
+
+    def __init__(self, running: Any) -> None:
+        from roundtable.api.convert import run_request_from_proto
+        from roundtable.api.limits import RequestLimits
+        from roundtable.server import default_budgets
+        from roundtable.settings import Settings
+
+        self.running = running
+        self.manager = running.manager
+        self._convert = run_request_from_proto
+        self._limits = RequestLimits()
+        self._budgets = default_budgets(Settings())
+
+    @classmethod
+    async def open(
+        cls,
+        stack: contextlib.AsyncExitStack,
+        db: Path,
+        *,
+        memory_store: bool = False,
+        checkpoint: bool = True,
+        durability: str = "",
+        synchronous: str = "",
+    ) -> InProcess:
+        from roundtable.graph.builder import build_conversation_graph
+        from roundtable.server import running_server
+        from roundtable.settings import Settings
+
+        overrides: dict[str, Any] = {"checkpoint_durability": durability} if durability else {}
+        settings = Settings(listen="127.0.0.1:0", store=f"sqlite:///{db}", **overrides)
+        running = await stack.enter_async_context(running_server(settings))
+        if synchronous:
+            await running.store.conn.execute(f"PRAGMA synchronous={synchronous}")
+        if not checkpoint:
+            running.manager.graph = build_conversation_graph(None)
+        if memory_store:
+            running.manager.store = MemoryRunStore()
+        return cls(running)
+
+    async def turn(self, request: Any) -> list[Any]:
+        run_request = self._convert(request, limits=self._limits, defaults=self._budgets)
+        subscription = await self.manager.start(run_request, {})
+        events = [e async for e in subscription]
+        if not events or kind_of(events[-1]) != "run_completed":
+            raise RuntimeError(f"turn did not complete: {[kind_of(e) for e in events][-3:]}")
+        return events
+
+    async def checkpoint_rows(self) -> dict[str, int]:
+        store = self.manager.store
+        if isinstance(store, MemoryRunStore) or not hasattr(store, "conn"):
+            return {}
+        conn = store.conn
+        out = {}
+        for table in ("checkpoints", "writes", "rt_events"):
+            async with conn.execute(f"SELECT COUNT(*) FROM {table}") as cursor:
+                row = await cursor.fetchone()
+            out[table] = int(row[0])
+        return out
+
+
+async def _per_op_us(op: Callable[[], Awaitable[Any]], n: int, reps: int) -> list[float]:
+    for _ in range(max(10, n // 10)):
+        await op()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await op()
+        out.append((time.perf_counter() - t0) * 1e6 / n)
+    return out
+
+
+async def b1_components(cfg: Config, work: Path) -> dict[str, Any]:
+    """What the parts of a turn cost on their own (microseconds per operation).
+
+    Measured on a running_server()'s own harness, store and checkpointer, so the numbers
+    are those of the code under test. Each component is independent: one that no longer
+    fits the product's API is reported as an error and the others still run.
+    """
+    import sqlite3
+
+    from roundtable.server import running_server
+    from roundtable.settings import Settings
+
+    n = 100 if cfg.quick else 400
+    reps = cfg.reps
+    figures: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+
+    async def component(
+        name: str, build: Callable[[], Awaitable[Callable[[], Awaitable[Any]]]], ops: int = n
+    ) -> None:
+        try:
+            op = await build()
+            figures[name] = summary(await _per_op_us(op, ops, reps), "us/op")
+        except Exception as exc:  # the product moved: say so, keep going
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    settings = Settings(listen="127.0.0.1:0", store=f"sqlite:///{work / 'b1-components.db'}")
+    async with running_server(settings) as running:
+        from roundtable.domain import prompt_sections as sections
+        from roundtable.domain.snapshot import OFFLINE_MODEL
+        from roundtable.graph.countoff import count_off_task
+        from roundtable.harness.request import CallMeta, ModelRequest
+        from roundtable.models.base import ChatCall, ChatMessage
+
+        messages = (
+            ChatMessage(
+                "system", "You are Alice.\n\n## Persona\nAlice speaks plainly and briefly."
+            ),
+            ChatMessage("user", f"{COUNT_OFF}\n\n{sections.TASK}\n{count_off_task(1, 4)}"),
+        )
+        call = ChatCall(messages=messages, max_tokens=32)
+        request = ModelRequest(
+            ref=OFFLINE_MODEL,
+            call=call,
+            meta=CallMeta(
+                thread_id="t", run_id="r", request_id="q", tenant="bench", caller_node="dispatch"
+            ),
+            on_text=lambda _text: None,
+        )
+
+        async def harness_call():
+            return lambda: running.harness.call(request)
+
+        async def provider_complete():
+            provider = running.harness.providers["offline"]
+            return lambda: provider.complete(
+                OFFLINE_MODEL.target, call, api_key=None, on_text=lambda _text: None
+            )
+
+        async def langchain_astream():
+            from roundtable.models.langchain_provider import to_langchain
+            from roundtable.models.offline import offline_factory
+
+            model = offline_factory()(OFFLINE_MODEL.target, None)
+            lc_messages = to_langchain(messages)
+
+            async def op() -> None:
+                async for _ in model.astream(lc_messages, max_tokens=32):
+                    pass
+
+            return op
+
+        async def model_own_astream():
+            from roundtable.models.langchain_provider import to_langchain
+            from roundtable.models.offline import offline_factory
+
+            model = offline_factory()(OFFLINE_MODEL.target, None)
+            lc_messages = to_langchain(messages)
+
+            async def op() -> None:
+                async for _ in model._astream(lc_messages, max_tokens=32):
+                    pass
+
+            return op
+
+        async def audit_record():
+            from roundtable.harness.audit import AuditRecord
+
+            started = time.perf_counter()
+
+            async def op() -> None:
+                running.harness.auditor.record(AuditRecord.of(request, "success", started))
+
+            return op
+
+        async def store_append_event():
+            from roundtable.store.base import StoredEvent
+
+            seq = iter(range(1, 10**9))
+            body = b"x" * 200
+            return lambda: running.store.append_event(
+                "bench", "components", StoredEvent(next(seq), "x", body)
+            )
+
+        async def sqlite3_insert_on_loop():
+            conn = sqlite3.connect(str(work / "b1-sqlite3.db"), isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("CREATE TABLE IF NOT EXISTS e (k INTEGER PRIMARY KEY, b BLOB)")
+            seq = iter(range(1, 10**9))
+            body = b"x" * 200
+
+            async def op() -> None:
+                conn.execute("INSERT INTO e (k, b) VALUES (?, ?)", (next(seq), body))
+
+            return op
+
+        def chain_graph(checkpointer: Any) -> Any:
+            from typing import TypedDict
+
+            from langgraph.graph import END, START, StateGraph
+
+            class S(TypedDict, total=False):
+                n: int
+
+            async def node(state: S) -> S:
+                return {"n": state.get("n", 0) + 1}
+
+            graph = StateGraph(S)
+            prev = START
+            for k in range(8):
+                graph.add_node(f"n{k}", node)
+                graph.add_edge(prev, f"n{k}")
+                prev = f"n{k}"
+            graph.add_edge(prev, END)
+            return graph.compile(checkpointer=checkpointer)
+
+        threads = iter(range(1, 10**9))
+
+        def superstep(checkpoint: bool, durability: str):
+            async def build():
+                graph = chain_graph(running.store.checkpointer if checkpoint else None)
+
+                async def op() -> None:
+                    config = {"configurable": {"thread_id": f"chain-{next(threads)}"}}
+                    if checkpoint:
+                        await graph.ainvoke({"n": 0}, config, durability=durability)
+                    else:
+                        await graph.ainvoke({"n": 0})
+
+                return op
+
+            return build
+
+        await component("model_call_through_harness", harness_call)
+        await component("provider_complete", provider_complete)
+        await component("langchain_astream_offline", langchain_astream)
+        await component("offline_model_own_astream", model_own_astream)
+        await component("audit_record", audit_record, n * 4)
+        await component("store_append_event_aiosqlite", store_append_event, n * 4)
+        await component("sqlite3_insert_on_loop_thread", sqlite3_insert_on_loop, n * 4)
+        chain_ops = max(20, n // 4)
+        await component("langgraph_8_node_chain_no_checkpointer", superstep(False, ""), chain_ops)
+        await component("langgraph_8_node_chain_saver_async", superstep(True, "async"), chain_ops)
+        await component("langgraph_8_node_chain_saver_exit", superstep(True, "exit"), chain_ops)
+    for name in list(figures):
+        if name.startswith("langgraph_8_node_chain"):
+            per_step = {
+                k: (v / 8 if isinstance(v, float) else v)
+                for k, v in figures[name].items()
+                if k != "samples"
+            }
+            per_step["unit"] = "us/super-step"
+            figures[name.replace("8_node_chain", "per_superstep")] = per_step
+    return {"figures": figures, "errors": errors}
+
+
+async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
+    """B1: a 4-member count-off, zero-latency offline model: floor, durable, end to end."""
+    from roundtable.settings import Settings
+
+    durability = Settings().checkpoint_durability
+    template = turn_request(COUNT_OFF, run_id="template")
+    specs: dict[str, dict[str, Any]] = {
+        "i_floor": dict(memory_store=True, checkpoint=False),
+        "i_eventlog_only": dict(checkpoint=False),
+        "ii_durable": {},
+        "ii_durable_sync_full": dict(synchronous="FULL"),
+        "ii_durable_exit": dict(durability="exit"),
+    }
+    turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_exit"]}
+    cpu_used = {"iii_grpc": 0.0, "iii_grpc_exit": 0.0}
+    client_cpu = {"iii_grpc": 0.0, "iii_grpc_exit": 0.0}
+    server = await Server(work / "b1-serve.db", work / "b1-serve.log").start()
+    server_exit = await Server(
+        work / "b1-serve-exit.db", work / "b1-serve-exit.log", "--checkpoint-durability", "exit"
+    ).start()
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            inproc = {
+                name: await InProcess.open(stack, work / f"b1-{name}.db", **spec)
+                for name, spec in specs.items()
+            }
+
+            def inproc_turn(name: str) -> Callable[[], Awaitable[Any]]:
+                async def turn() -> None:
+                    turns_done[name] += 1
+                    await inproc[name].turn(with_run_id(template, new_id(name)))
+
+                return turn
+
+            async def grpc_variant(name: str, srv: Server) -> Callable[[], Awaitable[Any]]:
+                channel = await stack.enter_async_context(srv.channel())
+                stub = srv.stub(channel)
+
+                async def turn() -> None:
+                    turns_done[name] += 1
+                    cpu0, client0 = srv.cpu_seconds(), time.process_time()
+                    await grpc_turn(stub, with_run_id(template, new_id("b1")))
+                    cpu_used[name] += srv.cpu_seconds() - cpu0
+                    client_cpu[name] += time.process_time() - client0
+
+                return turn
+
+            variants = {name: inproc_turn(name) for name in inproc}
+            variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
+            variants["iii_grpc_exit"] = await grpc_variant("iii_grpc_exit", server_exit)
+            samples = await interleaved(variants, cfg, cfg.turns, cfg.reps)
+            rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
+            unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))
+    finally:
+        await server.stop()
+        await server_exit.stop()
+    figures = {name: summary(v, "ms/turn") for name, v in samples.items()}
+    server_cpu_ms = {
+        name: round(cpu * 1000 / max(1, turns_done[name]), 2) for name, cpu in cpu_used.items()
+    }
+    try:
+        components = await b1_components(cfg, work)
+    except Exception:
+        components = {"figures": {}, "errors": {"all": traceback.format_exc()}}
+    per_turn = {
+        name: {table: round(n / max(1, turns_done[name]), 2) for table, n in r.items()}
+        for name, r in rows.items()
+        if r
+    }
+    return {
+        "figures": figures,
+        "rows_per_turn": per_turn,
+        "server_cpu_ms_per_turn": server_cpu_ms,
+        "client_cpu_ms_per_turn": {
+            name: round(cpu * 1000 / max(1, turns_done[name]), 2)
+            for name, cpu in client_cpu.items()
+        },
+        "durability": durability,
+        "floor_store_noop_methods": unknown,
+        "components": components,
+        "notes": (
+            "Every in-process variant is running_server() (the composition root) driven "
+            "through its RunManager, with one part swapped: i_floor: graph compiled with "
+            "checkpointer=None and a dict store (no durability at all); i_eventlog_only: "
+            "graph without checkpointer, SQLite event log (WAL, NORMAL); ii_durable: as "
+            "served (SQLite store + AsyncSqliteSaver on its connection, WAL + "
+            f"synchronous=NORMAL, durability={durability!r}); ii_durable_sync_full: the "
+            "same with synchronous=FULL, "
+            "LangGraph's AsyncSqliteSaver default; ii_durable_exit: durability='exit'; "
+            "iii_grpc: a real `roundtable serve` process on loopback, client in the bench "
+            "process; iii_grpc_exit: the same with --checkpoint-durability exit. "
+            "Proto->domain conversion is inside every in-process turn. server_cpu_ms_per_turn: "
+            "utime+stime of the serve process per turn (/proc), 10 ms clock ticks; "
+            "client_cpu_ms_per_turn: the bench process's own CPU (the Python gRPC client) per "
+            "turn, part of every end-to-end figure."
+        ),
+    }
+
+
+# -- B2: streaming ------------------------------------------------------------------------
+
+
+def _latencies(arrivals: list[tuple[int, str]]) -> list[float]:
+    out = []
+    for now_us, text in arrivals:
+        for stamp in text.split():
+            out.append(stamp_age_ms(stamp, now_us))
+    return out
+
+
+async def _rt_stream(stub: Any, provider: str, tokens: int, delay_ms: float, yield_every: int = 1):
+    base_url = f"{provider}:?tokens={tokens}&token_delay_ms={delay_ms:g}&yield_every={yield_every}"
+    request = turn_request(
+        "tell me a very long story",
+        run_id=new_id("b2"),
+        kind="single",
+        members=1,
+        member_model=model_ref(provider, "flood", base_url, timeout_ms=600_000),
+        max_output_tokens=32_768,
+    )
+    arrivals: list[tuple[int, str]] = []
+    t0 = time.perf_counter()
+    t_last = t0
+    completed = False
+    async for response in stub.StartRun(request):
+        event = response.event
+        kind = kind_of(event)
+        if kind == "assistant_delta":
+            arrivals.append((time.monotonic_ns() // 1000, event.assistant_delta.text))
+            t_last = time.perf_counter()
+        elif kind == "run_completed":
+            completed = True
+    lat = _latencies(arrivals)
+    if not completed or len(lat) != tokens:
+        raise RuntimeError(
+            f"{provider}: received {len(lat)} of {tokens} tokens, completed={completed}"
+        )
+    return {
+        "tokens_per_s": tokens / (t_last - t0),
+        "messages": len(arrivals),
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": max(lat),
+    }
+
+
+async def _raw_stream(channel: Any, n: int):
+    from roundtable.v1 import orchestrator_service_pb2 as pb
+
+    method = channel.unary_stream(
+        "/bench.Raw/Stream", response_deserializer=pb.StartRunResponse.FromString
+    )
+    arrivals: list[tuple[int, str]] = []
+    t0 = time.perf_counter()
+    async for response in method(str(n).encode()):
+        arrivals.append((time.monotonic_ns() // 1000, response.event.assistant_delta.text))
+    elapsed = time.perf_counter() - t0
+    if len(arrivals) != n:
+        raise RuntimeError(f"raw: {len(arrivals)} of {n}")
+    lat = _latencies(arrivals)
+    return {"messages_per_s": n / elapsed, "p99_ms": percentile(lat, 99)}
+
+
+async def _model_alone(channel: Any, kind: str, tokens: int) -> float:
+    """A bench model's own rate in the server process, without Roundtable or gRPC."""
+    method = channel.unary_unary("/bench.Raw/ModelAlone")
+    return float((await method(f"{kind}:{tokens}".encode())).decode())
+
+
+async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
+    """B2: one speaker streaming N tokens vs raw grpc.aio messages/s; token latency."""
+    import grpc
+
+    server = await Server(work / "b2.db", work / "b2.log", script=BENCH / "flood_server.py").start()
+    runs: dict[str, list[dict[str, float]]] = {
+        "raw": [],
+        "flood_langchain": [],
+        "flood_native": [],
+        "paced_langchain": [],
+        "alone": [],
+    }
+    try:
+        async with (
+            server.channel() as channel,
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.raw_port}") as raw_channel,
+        ):
+            stub = server.stub(channel)
+            # warm-up
+            await _raw_stream(raw_channel, 2_000)
+            await _rt_stream(stub, "flood", 2_000, 0)
+            await _rt_stream(stub, "floodnative", 2_000, 0)
+            for _ in range(cfg.reps):
+                gc.collect()
+                runs["raw"].append(await _raw_stream(raw_channel, cfg.b2_raw_messages))
+                alone = {"langchain": await _model_alone(raw_channel, "langchain", cfg.b2_tokens)}
+                runs["flood_langchain"].append(await _rt_stream(stub, "flood", cfg.b2_tokens, 0))
+                alone["native"] = await _model_alone(raw_channel, "native", cfg.b2_tokens)
+                runs["flood_native"].append(await _rt_stream(stub, "floodnative", cfg.b2_tokens, 0))
+                runs["alone"].append(alone)
+                runs["paced_langchain"].append(
+                    await _rt_stream(stub, "flood", cfg.b2_paced_tokens, cfg.b2_paced_delay_ms)
+                )
+    finally:
+        await server.stop()
+
+    def fig(name: str, key: str, unit: str) -> dict[str, Any]:
+        return summary([r[key] for r in runs[name]], unit)
+
+    raw = fig("raw", "messages_per_s", "msgs/s")
+    out = {
+        "raw_grpc_messages_per_s": raw,
+        "raw_grpc_latency_p99_ms": fig("raw", "p99_ms", "ms"),
+        "flood_langchain_tokens_per_s": fig("flood_langchain", "tokens_per_s", "tokens/s"),
+        "flood_langchain_latency_p99_ms": fig("flood_langchain", "p99_ms", "ms"),
+        "flood_langchain_messages": fig("flood_langchain", "messages", "msgs/run"),
+        "flood_native_tokens_per_s": fig("flood_native", "tokens_per_s", "tokens/s"),
+        "flood_native_latency_p99_ms": fig("flood_native", "p99_ms", "ms"),
+        "paced_latency_p50_ms": fig("paced_langchain", "p50_ms", "ms"),
+        "paced_latency_p99_ms": fig("paced_langchain", "p99_ms", "ms"),
+    }
+    ratio = [
+        f["tokens_per_s"] / r["messages_per_s"]
+        for f, r in zip(runs["flood_langchain"], runs["raw"], strict=True)
+    ]
+    ratio_native = [
+        f["tokens_per_s"] / r["messages_per_s"]
+        for f, r in zip(runs["flood_native"], runs["raw"], strict=True)
+    ]
+    out["model_alone_langchain_tokens_per_s"] = fig("alone", "langchain", "tokens/s")
+    out["model_alone_native_tokens_per_s"] = fig("alone", "native", "tokens/s")
+    out["streamed_vs_model_alone_langchain"] = summary(
+        [
+            f["tokens_per_s"] / a["langchain"]
+            for f, a in zip(runs["flood_langchain"], runs["alone"], strict=True)
+        ],
+        "x",
+    )
+    out["streamed_vs_model_alone_native"] = summary(
+        [
+            f["tokens_per_s"] / a["native"]
+            for f, a in zip(runs["flood_native"], runs["alone"], strict=True)
+        ],
+        "x",
+    )
+    out["ratio_langchain_vs_raw"] = summary(ratio, "x")
+    out["ratio_native_vs_raw"] = summary(ratio_native, "x")
+    return {
+        "figures": out,
+        "tokens": cfg.b2_tokens,
+        "raw_messages": cfg.b2_raw_messages,
+        "paced": {"tokens": cfg.b2_paced_tokens, "token_delay_ms": cfg.b2_paced_delay_ms},
+        "notes": (
+            "bench/flood_server.py: the product's running_server() with bench providers. "
+            "flood_langchain: a LangChain chat model behind LangChainProvider (the path of "
+            "every real model), yielding to the event loop after every token; flood_native: "
+            "a ChatProvider calling on_text directly. Default coalescing (20 ms, 1,024 bytes); "
+            "tokens are 7 bytes (a CLOCK_MONOTONIC stamp), so latency is exact per token. "
+            "tokens/s = tokens / (last delta received - StartRun sent). Ratios pair each "
+            "repetition with the raw run measured just before it. model_alone_*: the same "
+            "bench models consumed in the server process with nothing else (the model's own "
+            "ceiling), measured just before the streamed run it is paired with; "
+            "streamed_vs_model_alone = streamed tokens/s ÷ model-alone tokens/s (1.0: "
+            "Roundtable costs nothing per token)."
+        ),
+    }
+
+
+# -- B3: capacity -------------------------------------------------------------------------
+
+
+async def _open_loop(server: Server, stub: Any, template: Any, rate: float, step_s: float):
+    rng = random.Random(int(rate * 1000))
+    results: list[dict[str, Any]] = []
+    lag: list[float] = []
+
+    async def one(request: Any, offset: float) -> None:
+        sent = time.perf_counter()
+        first = None
+        completed = False
+        try:
+            async for response in stub.StartRun(request):
+                if first is None:
+                    first = time.perf_counter()
+                if kind_of(response.event) == "run_completed":
+                    completed = True
+        except Exception as exc:  # a failed stream is a run that did not complete
+            log.warning("B3 turn failed: %r", exc)
+        results.append(
+            {
+                "offset": offset,
+                "ttfe_ms": (first - sent) * 1000 if first else float("inf"),
+                "turn_s": time.perf_counter() - sent,
+                "completed": completed,
+            }
+        )
+
+    cpu0 = server.cpu_seconds()
+    start = time.perf_counter()
+    at = 0.0
+    tasks = []
+    while True:
+        at += rng.expovariate(rate)
+        if at > step_s:
+            break
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        lag.append(max(0.0, time.perf_counter() - start - at) * 1000)
+        tasks.append(asyncio.create_task(one(with_run_id(template, new_id(f"b3-{rate:g}")), at)))
+    _done, pending = await asyncio.wait(tasks, timeout=60)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    elapsed = time.perf_counter() - start
+    cpu = server.cpu_seconds() - cpu0
+    started = len(tasks)
+    completed = sum(1 for r in results if r["completed"])
+    ttfe = [r["ttfe_ms"] for r in results]
+    windows = []
+    for w in range(5):
+        lo, hi = step_s * w / 5, step_s * (w + 1) / 5
+        part = [r["ttfe_ms"] for r in results if lo <= r["offset"] < hi]
+        if part:
+            windows.append(percentile(part, 99))
+    p99 = percentile(ttfe, 99) if ttfe else float("inf")
+    return {
+        "rate_per_s": rate,
+        "started": started,
+        "completed": completed,
+        "achieved_per_s": started / step_s,
+        "ttfe_p50_ms": percentile(ttfe, 50) if ttfe else None,
+        "ttfe_p99_ms": p99,
+        "ttfe_p99_by_window_ms": summary(windows, "ms"),
+        "turn_p50_s": percentile([r["turn_s"] for r in results], 50) if results else None,
+        "turn_p99_s": percentile([r["turn_s"] for r in results], 99) if results else None,
+        "cpu_s_per_turn": cpu / completed if completed else None,
+        "server_cpu_util": cpu / elapsed,
+        "client_lag_p99_ms": percentile(lag, 99) if lag else 0.0,
+        "passed": started > 0 and completed == started and p99 <= 100.0,
+    }
+
+
+async def _b3_sweep(
+    cfg: Config, server: Server, template: Any
+) -> tuple[list[dict[str, Any]], list[int]]:
+    from roundtable.models.offline import iter_tokens
+
+    steps: list[dict[str, Any]] = []
+    async with server.channel() as channel:
+        stub = server.stub(channel)
+        events = await grpc_turn(stub, with_run_id(template, new_id("b3w")))
+        finals = [e.assistant_final for e in events if kind_of(e) == "assistant_final"]
+        tokens_each = [len(list(iter_tokens(f.content))) for f in finals]
+        for _ in range(cfg.warmup):
+            await grpc_turn(stub, with_run_id(template, new_id("b3w")))
+        failed_in_a_row = 0
+        for rate in cfg.b3_rates:
+            step = await _open_loop(server, stub, template, rate, cfg.b3_step_s)
+            steps.append(step)
+            log.info("B3 rate %s: %s", rate, step)
+            failed_in_a_row = 0 if step["passed"] else failed_in_a_row + 1
+            if failed_in_a_row == 2:
+                break
+            await asyncio.sleep(1)
+        best = _best(steps)
+        above = [s["rate_per_s"] for s in steps if best and s["rate_per_s"] > best["rate_per_s"]]
+        if cfg.b3_bisect and best and above:
+            mid = round((best["rate_per_s"] + min(above)) / 2)
+            if best["rate_per_s"] < mid < min(above):
+                await asyncio.sleep(2)
+                steps.append(await _open_loop(server, stub, template, mid, cfg.b3_step_s))
+    return steps, tokens_each
+
+
+def _best(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    passed = [s for s in steps if s["passed"]]
+    return max(passed, key=lambda s: s["rate_per_s"]) if passed else None
+
+
+async def bench_b3(cfg: Config, work: Path) -> dict[str, Any]:
+    """B3: open-loop Poisson arrivals of 4-speaker turns (200 ms model, 20 tokens each)."""
+    template = turn_request(
+        "@all what do you think about the garden plan for next week?",
+        run_id="template",
+        member_model=offline_ref(latency_ms=200),
+        max_output_tokens=20,
+    )
+    server = await Server(work / "b3.db", work / "b3.log").start()
+    try:
+        steps, tokens_each = await _b3_sweep(cfg, server, template)
+    finally:
+        await server.stop()
+    # Experiment (not the product): the same server with gc.freeze() once serving.
+    frozen = await Server(
+        work / "b3-frozen.db",
+        work / "b3-frozen.log",
+        script=BENCH / "flood_server.py",
+        env={"BENCH_GC_FREEZE": "1"},
+    ).start()
+    try:
+        frozen_steps, _ = await _b3_sweep(cfg, frozen, template)
+    finally:
+        await frozen.stop()
+    best, best_frozen = _best(steps), _best(frozen_steps)
+    return {
+        "figures": {
+            "max_rate_per_s": best["rate_per_s"] if best else 0,
+            "cpu_s_per_turn_at_max": best["cpu_s_per_turn"] if best else None,
+            "cpu_s_per_turn_by_rate": summary(
+                [s["cpu_s_per_turn"] for s in steps if s["cpu_s_per_turn"]], "cpu s/turn"
+            ),
+            "experiment_gc_frozen_max_rate_per_s": best_frozen["rate_per_s"] if best_frozen else 0,
+        },
+        "steps": steps,
+        "experiment_gc_frozen_steps": frozen_steps,
+        "tokens_per_speaker": tokens_each,
+        "step_s": cfg.b3_step_s,
+        "notes": (
+            "A real `roundtable serve`; client in the bench process on the same 2 cores, one "
+            "channel. Poisson arrivals at each rate for step_s seconds (fixed seed), rising "
+            "until two rates in a row fail, then one bisection above the best; a rate "
+            "passes when every run completes (run_completed within 60 s after the last "
+            "arrival) and time to first event p99 <= 100 ms over the whole step (also shown "
+            "per fifth of the step: min/median/max). CPU s/turn = server process utime+stime "
+            "over the step / completed turns. Each speaker: offline model, latency_ms=200, "
+            "max_output_tokens=20 (an @all turn: a count-off reply has no 20 tokens). "
+            "experiment_gc_frozen: the same sweep against bench/flood_server.py (the same "
+            "running_server) with gc.collect(); gc.freeze() once serving, to show what the "
+            "gen-2 collections' pauses cost the TTFE tail."
+        ),
+    }
+
+
+# -- B4: memory ---------------------------------------------------------------------------
+
+
+async def _b4_rep(cfg: Config, work: Path, rep: int) -> dict[str, float]:
+    server = await Server(work / f"b4-{rep}.db", work / f"b4-{rep}.log").start()
+    parked_ref = offline_ref(latency_ms=600_000, timeout_ms=600_000)
+    template = turn_request(COUNT_OFF, run_id="template", member_model=parked_ref)
+    quick = turn_request(COUNT_OFF, run_id="template")
+    parked = 0
+    all_parked = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    channels = [server.channel() for _ in range(10)]
+    try:
+        stubs = [server.stub(c) for c in channels]
+        for _ in range(cfg.warmup + 10):
+            await grpc_turn(stubs[0], with_run_id(quick, new_id("b4w")))
+        gc.collect()
+        await asyncio.sleep(1.0)
+        before = server.rss_bytes()
+
+        failures: list[str] = []
+
+        async def park(i: int) -> None:
+            nonlocal parked
+            seen = False
+            request = with_run_id(template, new_id(f"b4-{rep}"))
+            # Spread over tenants: the server caps live runs per tenant (max_runs_per_tenant).
+            request.context.tenant = f"bench-{i % 20}"
+            try:
+                async for response in stubs[i % len(stubs)].StartRun(request):
+                    if not seen and kind_of(response.event) == "speaker_started":
+                        seen = True
+                        parked += 1
+                        if parked == cfg.b4_runs:
+                            all_parked.set()
+            except Exception as exc:
+                if not seen:
+                    details = exc.details() if hasattr(exc, "details") else str(exc)
+                    failures.append(f"{type(exc).__name__}: {details}")
+                    all_parked.set()
+
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(park(i)) for i in range(cfg.b4_runs)]
+        await asyncio.wait_for(all_parked.wait(), timeout=180)
+        if failures:
+            raise RuntimeError(f"{len(failures)} run(s) failed to park: {failures[0]}")
+        start_s = time.perf_counter() - t0
+        await asyncio.sleep(1.0)
+        after = server.rss_bytes()
+    finally:
+        server.kill()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in channels:
+            await c.close()
+        await server.wait()
+    return {
+        "rss_before_mb": before / 2**20,
+        "rss_after_mb": after / 2**20,
+        "kb_per_run": (after - before) / 1024 / cfg.b4_runs,
+        "start_all_s": start_s,
+    }
+
+
+async def bench_b4(cfg: Config, work: Path) -> dict[str, Any]:
+    """B4: server RSS growth per in-flight run, with N runs parked in a model call."""
+    reps = [await _b4_rep(cfg, work, i) for i in range(cfg.b4_reps)]
+    return {
+        "figures": {
+            "kb_per_parked_run": summary([r["kb_per_run"] for r in reps], "KB/run"),
+            "rss_before_mb": summary([r["rss_before_mb"] for r in reps], "MB"),
+            "rss_after_mb": summary([r["rss_after_mb"] for r in reps], "MB"),
+            "seconds_to_park_all": summary([r["start_all_s"] for r in reps], "s"),
+        },
+        "runs": cfg.b4_runs,
+        "notes": (
+            "A fresh `roundtable serve` per repetition; warm-up turns; VmRSS before; then N "
+            "4-member count-offs whose model is offline latency_ms=600000 (each parks in "
+            "speaker 1's model call: speaker_started received for all N); VmRSS 1 s later. "
+            "KB/run = (after - before) / N. Streams spread over 10 channels."
+        ),
+    }
+
+
+# -- B5: scaling --------------------------------------------------------------------------
+
+
+async def bench_b5(cfg: Config, work: Path) -> dict[str, Any]:
+    """B5: turn cost end to end vs history length and vs number of speakers."""
+    configs = {
+        "history_10": turn_request(COUNT_OFF, run_id="t", history_messages=10),
+        "history_1000": turn_request(COUNT_OFF, run_id="t", history_messages=1_000),
+        "history_10000": turn_request(COUNT_OFF, run_id="t", history_messages=10_000),
+        "speakers_1": turn_request(COUNT_OFF, run_id="t", members=1, history_messages=10),
+        "speakers_16": turn_request(
+            COUNT_OFF, run_id="t", members=16, max_speakers=16, history_messages=10
+        ),
+    }
+    sizes = {name: r.ByteSize() for name, r in configs.items()}
+    server = await Server(work / "b5.db", work / "b5.log").start()
+    try:
+        async with server.channel() as channel:
+            stub = server.stub(channel)
+
+            def variant(template: Any) -> Callable[[], Awaitable[Any]]:
+                async def turn() -> None:
+                    await grpc_turn(stub, with_run_id(template, new_id("b5")))
+
+                return turn
+
+            samples = await interleaved(
+                {name: variant(t) for name, t in configs.items()}, cfg, cfg.b5_turns, cfg.b5_reps
+            )
+    finally:
+        await server.stop()
+    figures = {name: summary(v, "ms/turn") for name, v in samples.items()}
+    figures["speakers_4"] = figures["history_10"]
+    return {
+        "figures": figures,
+        "request_bytes": sizes,
+        "notes": (
+            "End to end over gRPC (a real `roundtable serve`), count-off, zero-latency "
+            "offline model; speakers_4 is history_10 (4 members, 10 history messages). "
+            "History messages are ~70 bytes; the request is serialized per turn by the "
+            "client (the gateway's cost) and the server converts a 64-message window."
+        ),
+    }
+
+
+# -- B6: resume ---------------------------------------------------------------------------
+
+
+async def _b6_rep(work: Path, rep: int, *args: str) -> dict[str, Any]:
+    db = work / f"b6-{rep}{'-'.join(args)}.db"
+    request = turn_request(
+        COUNT_OFF,
+        run_id=new_id("b6"),
+        members=16,
+        max_speakers=16,
+        member_model=offline_ref(latency_ms=30),
+    )
+    a = await Server(db, db.with_suffix(".a.log"), *args).start()
+    a_events = []
+    try:
+        async with a.channel() as channel:
+            async for response in a.stub(channel).StartRun(request):
+                a_events.append(response.event)
+                e = response.event
+                if kind_of(e) == "assistant_final" and e.assistant_final.step == 7:
+                    a.kill()
+                    break
+        if not any(
+            kind_of(e) == "assistant_final" and e.assistant_final.step == 7 for e in a_events
+        ):
+            raise RuntimeError(
+                f"process A ended before speaker 8: {[kind_of(e) for e in a_events][-3:]}"
+            )
+    finally:
+        a.kill()
+        await a.wait()
+    a_steps = [e.assistant_final.step for e in a_events if kind_of(e) == "assistant_final"]
+    b = await Server(db, db.with_suffix(".b.log"), *args).start()
+    try:
+        async with b.channel() as channel:
+            stub = b.stub(channel)
+            b_events = []
+            t0 = time.perf_counter()
+            first = first_speaker = None
+            async for response in stub.StartRun(request):
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                e = response.event
+                if first_speaker is None and kind_of(e) == "speaker_started":
+                    first_speaker = now
+                b_events.append(e)
+            total = time.perf_counter() - t0
+    finally:
+        await b.stop()
+    b_steps = [e.assistant_final.step for e in b_events if kind_of(e) == "assistant_final"]
+    dispatch_calls = sum(
+        1 for r in b.audit() if r.get("caller_node") == "dispatch" and r.get("status") == "success"
+    )
+    new_speakers = sum(1 for s in b_steps if s >= 8)
+    if dispatch_calls < new_speakers:
+        raise RuntimeError(
+            f"B's log has {dispatch_calls} dispatch audit records for {new_speakers} new finals: "
+            "the audit line format changed (benchlib.Server.audit)"
+        )
+    return {
+        "ttfe_ms": (first - t0) * 1000 if first else float("inf"),
+        "first_speaker_ms": (first_speaker - t0) * 1000 if first_speaker else float("inf"),
+        "resume_total_ms": total * 1000,
+        "b_startup_s": b.started_in_s,
+        "model_calls_speakers_1_8": dispatch_calls - new_speakers,
+        "finals_for_1_8_in_b": sum(1 for s in b_steps if s < 8),
+        "a_finals": len(a_steps),
+        "b_finals": sorted(b_steps),
+        "completed": bool(b_events) and kind_of(b_events[-1]) == "run_completed",
+        "resumed_flag": bool(b_events) and b_events[0].run_started.resumed,
+    }
+
+
+async def bench_b6(cfg: Config, work: Path) -> dict[str, Any]:
+    """B6: a 16-speaker run SIGKILLed after speaker 8's final, resumed by a new process."""
+    reps = [await _b6_rep(work, i) for i in range(cfg.b6_reps)]
+    exit_reps = [
+        await _b6_rep(work, i, "--checkpoint-durability", "exit")
+        for i in range(max(1, cfg.b6_reps // 2))
+    ]
+    return {
+        "figures": {
+            "time_to_first_event_ms": summary([r["ttfe_ms"] for r in reps], "ms"),
+            "time_to_first_speaker_ms": summary([r["first_speaker_ms"] for r in reps], "ms"),
+            "resume_total_ms": summary([r["resume_total_ms"] for r in reps], "ms"),
+            "new_process_startup_s": summary([r["b_startup_s"] for r in reps], "s"),
+            "model_calls_speakers_1_8": summary(
+                [r["model_calls_speakers_1_8"] for r in reps], "calls"
+            ),
+            "exit_durability_model_calls_speakers_1_8": summary(
+                [r["model_calls_speakers_1_8"] for r in exit_reps], "calls"
+            ),
+            "exit_durability_time_to_first_event_ms": summary(
+                [r["ttfe_ms"] for r in exit_reps], "ms"
+            ),
+        },
+        "reps": reps,
+        "exit_reps": exit_reps,
+        "notes": (
+            "Process A runs a 16-member count-off (offline latency_ms=30 per speaker) and is "
+            "SIGKILLed when the client receives step 7's assistant_final (speaker 8). Process "
+            "B (new, same database) gets the same StartRun: time to its first event "
+            "(run_started, resumed) and to its first speaker_started, from the call. Model "
+            "calls for speakers 1-8 = B's audit records caller_node=dispatch, status=success "
+            "minus B's finals for steps >= 8. exit_*: the same with both processes started "
+            "with --checkpoint-durability exit (no checkpoint until the run ends: resume "
+            "rests on the event log alone)."
+        ),
+    }
+
+
+# -- main ---------------------------------------------------------------------------------
+
+BENCHES = {
+    "B1": bench_b1,
+    "B2": bench_b2,
+    "B3": bench_b3,
+    "B4": bench_b4,
+    "B5": bench_b5,
+    "B6": bench_b6,
+}
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="CI smoke: fewer, shorter runs")
+    parser.add_argument("--only", default="", help="comma-separated subset, e.g. B1,B5")
+    parser.add_argument("--out", default=str(BENCH / "results" / "suite.json"))
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, dbs)")
+    args = parser.parse_args()
+    cfg = QUICK if args.quick else FULL
+    selected = [b.strip().upper() for b in args.only.split(",") if b.strip()] or list(BENCHES)
+    work = Path(tempfile.mkdtemp(prefix="rt-bench-"))
+    # In-process baselines log like `roundtable serve` does (INFO: an audit line per call).
+    logging.basicConfig(
+        level=logging.INFO,
+        filename=str(work / "inprocess.log"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    result: dict[str, Any] = {
+        "mode": "quick" if cfg.quick else "full",
+        "config": dataclasses.asdict(cfg),
+        "machine": machine_info(),
+        "benches": {},
+        "errors": {},
+    }
+    started = time.perf_counter()
+    for name in selected:
+        t0 = time.perf_counter()
+        print(f"[suite] {name} ...", flush=True)
+        try:
+            out = await BENCHES[name](cfg, work)
+            out["seconds"] = round(time.perf_counter() - t0, 1)
+            result["benches"][name] = out
+            print(f"[suite] {name} done in {out['seconds']} s", flush=True)
+        except Exception:
+            result["errors"][name] = traceback.format_exc()
+            print(f"[suite] {name} FAILED:\n{result['errors'][name]}", flush=True)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2, default=float))
+    if args.keep or result["errors"]:
+        print(f"[suite] work dir kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(asyncio.run(main()))
