@@ -47,13 +47,15 @@ def six_speakers(
 
 async def run_until_killed(server: ServerProcess, request, stop_when) -> list[epb.RunEvent]:
     events: list[epb.RunEvent] = []
-    async with server.channel() as channel:
-        async for response in server.stub(channel).StartRun(request):
-            events.append(response.event)
-            if stop_when(response.event):
-                server.kill()
-                break
-    await server.wait()
+    try:
+        async with server.channel() as channel:
+            async for response in server.stub(channel).StartRun(request):
+                events.append(response.event)
+                if stop_when(response.event):
+                    server.kill()
+                    break
+    finally:
+        await server.stop()  # kills it if the stream failed before the kill, and waits
     return events
 
 

@@ -89,10 +89,12 @@ class ServerProcess:
         return code
 
     async def stop(self) -> None:
-        """Ends the process if it still runs."""
-        if self.proc is not None and self.proc.returncode is None:
+        """Ends the process if it still runs, and waits for it."""
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
             self.kill()
-            await self.wait()
+        await self.wait()
 
     def audit(self) -> list[dict[str, object]]:
         """The audit records this process wrote."""
