@@ -210,7 +210,15 @@ class RunManager:
                     owner=self.owner,
                     lease_until=now + self.lease_s,
                 )
-                await self.store.create_run(record)
+                if not await self.store.create_run(record):
+                    # Another replica created the same run between our read and our write:
+                    # it runs it, we follow (and take over should it die).
+                    raced = await self.store.get_run(ctx.tenant, ctx.run_id)
+                    assert raced is not None
+                    self._check_fingerprint(raced, request)
+                    return self._follow(
+                        raced, after_seq=0, takeover=lambda: self.start(request, credentials)
+                    )
                 prior_events: list[epb.RunEvent] = []
             else:
                 if not await self.store.acquire_lease(

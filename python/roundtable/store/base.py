@@ -7,9 +7,11 @@ replay sends exactly the bytes that were sent live, with the same `seq`.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
@@ -74,6 +76,42 @@ class RunRecord:
         return bool(self.owner) and self.owner != owner and self.lease_until > now
 
 
+RUN_COLUMNS = (
+    "tenant",
+    "run_id",
+    "thread_id",
+    "fingerprint",
+    "status",
+    "plan_json",
+    "finished_reply_ids",
+    "last_seq",
+    "created_at",
+    "updated_at",
+    "trace_context",
+    "owner",
+    "lease_until",
+    "cancel_mode",
+    "cancel_reason",
+)
+"""The registry's columns, in the order `run_row` and `run_from_row` use (every store)."""
+
+
+def run_row(record: RunRecord) -> tuple[object, ...]:
+    """A record as a row of RUN_COLUMNS."""
+    values = {**{name: getattr(record, name) for name in RUN_COLUMNS}}
+    values["status"] = record.status.value
+    values["finished_reply_ids"] = json.dumps(record.finished_reply_ids)
+    return tuple(values[name] for name in RUN_COLUMNS)
+
+
+def run_from_row(row: Sequence[Any]) -> RunRecord:
+    """The record of a row of RUN_COLUMNS."""
+    values = dict(zip(RUN_COLUMNS, row, strict=True))
+    values["status"] = RunStatus(values["status"])
+    values["finished_reply_ids"] = json.loads(values["finished_reply_ids"])
+    return RunRecord(**values)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
     """One event of the log, in wire form."""
@@ -91,8 +129,9 @@ class RunStore(Protocol):
         """LangGraph's checkpoint saver, in the same database."""
         ...
 
-    async def create_run(self, record: RunRecord) -> None:
-        """Registers a new run (fails if (tenant, run_id) exists)."""
+    async def create_run(self, record: RunRecord) -> bool:
+        """Registers a new run; False when (tenant, run_id) exists already (another replica
+        created it a moment ago)."""
         ...
 
     async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:

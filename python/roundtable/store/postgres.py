@@ -15,7 +15,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from roundtable.store.base import RunRecord, RunStatus, StoredEvent
+from roundtable.store.base import RUN_COLUMNS, RunRecord, StoredEvent, run_from_row, run_row
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rt_runs (
@@ -47,30 +47,8 @@ CREATE TABLE IF NOT EXISTS rt_events (
 );
 """
 
-_COLUMNS = (
-    "tenant, run_id, thread_id, fingerprint, status, plan_json, finished_reply_ids, last_seq, "
-    "created_at, updated_at, trace_context, owner, lease_until, cancel_mode, cancel_reason"
-)
-
-
-def _record(row: dict[str, Any]) -> RunRecord:
-    return RunRecord(
-        tenant=row["tenant"],
-        run_id=row["run_id"],
-        thread_id=row["thread_id"],
-        fingerprint=row["fingerprint"],
-        status=RunStatus(row["status"]),
-        plan_json=row["plan_json"],
-        finished_reply_ids=json.loads(row["finished_reply_ids"]),
-        last_seq=row["last_seq"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        trace_context=row["trace_context"],
-        owner=row["owner"],
-        lease_until=row["lease_until"],
-        cancel_mode=row["cancel_mode"],
-        cancel_reason=row["cancel_reason"],
-    )
+_COLUMNS = ", ".join(RUN_COLUMNS)
+_PLACEHOLDERS = ",".join(["%s"] * len(RUN_COLUMNS))
 
 
 class PostgresRunStore:
@@ -110,34 +88,19 @@ class PostgresRunStore:
             cursor = await conn.execute(sql, params)
             return list(await cursor.fetchall())
 
-    async def create_run(self, record: RunRecord) -> None:
-        await self._execute(
-            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES "
-            "(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-            (
-                record.tenant,
-                record.run_id,
-                record.thread_id,
-                record.fingerprint,
-                record.status.value,
-                record.plan_json,
-                json.dumps(record.finished_reply_ids),
-                record.last_seq,
-                record.created_at,
-                record.updated_at,
-                record.trace_context,
-                record.owner,
-                record.lease_until,
-                record.cancel_mode,
-                record.cancel_reason,
-            ),
+    async def create_run(self, record: RunRecord) -> bool:
+        inserted = await self._execute(
+            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS}) "
+            "ON CONFLICT (tenant, run_id) DO NOTHING",
+            run_row(record),
         )
+        return inserted == 1
 
     async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
         rows = await self._fetch(
             f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=%s AND run_id=%s", (tenant, run_id)
         )
-        return _record(rows[0]) if rows else None
+        return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def update_run(self, record: RunRecord) -> None:
         record.updated_at = time.time()
@@ -175,7 +138,7 @@ class PostgresRunStore:
             "AND status IN ('cancelled','interrupted') ORDER BY created_at DESC LIMIT 1",
             (tenant, thread_id),
         )
-        return _record(rows[0]) if rows else None
+        return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def mark_interrupted(self) -> int:
         now = time.time()

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from roundtable.store.base import RunRecord, RunStatus, StoredEvent
+from roundtable.store.base import RUN_COLUMNS, RunRecord, StoredEvent, run_from_row, run_row
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rt_runs (
@@ -65,30 +65,8 @@ async def connect_sqlite(path: Path) -> aiosqlite.Connection:
     return conn
 
 
-def _record(row: aiosqlite.Row) -> RunRecord:
-    return RunRecord(
-        tenant=row[0],
-        run_id=row[1],
-        thread_id=row[2],
-        fingerprint=row[3],
-        status=RunStatus(row[4]),
-        plan_json=row[5],
-        finished_reply_ids=json.loads(row[6]),
-        last_seq=row[7],
-        created_at=row[8],
-        updated_at=row[9],
-        trace_context=row[10],
-        owner=row[11],
-        lease_until=row[12],
-        cancel_mode=row[13],
-        cancel_reason=row[14],
-    )
-
-
-_COLUMNS = (
-    "tenant, run_id, thread_id, fingerprint, status, plan_json, finished_reply_ids, "
-    "last_seq, created_at, updated_at, trace_context, owner, lease_until, cancel_mode, cancel_reason"
-)
+_COLUMNS = ", ".join(RUN_COLUMNS)
+_PLACEHOLDERS = ",".join("?" * len(RUN_COLUMNS))
 
 
 class SqliteRunStore:
@@ -108,34 +86,20 @@ class SqliteRunStore:
         await saver.setup()
         return cls(conn, saver)
 
-    async def create_run(self, record: RunRecord) -> None:
-        await self.conn.execute(
-            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                record.tenant,
-                record.run_id,
-                record.thread_id,
-                record.fingerprint,
-                record.status.value,
-                record.plan_json,
-                json.dumps(record.finished_reply_ids),
-                record.last_seq,
-                record.created_at,
-                record.updated_at,
-                record.trace_context,
-                record.owner,
-                record.lease_until,
-                record.cancel_mode,
-                record.cancel_reason,
-            ),
+    async def create_run(self, record: RunRecord) -> bool:
+        cursor = await self.conn.execute(
+            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS}) "
+            "ON CONFLICT (tenant, run_id) DO NOTHING",
+            run_row(record),
         )
+        return cursor.rowcount == 1
 
     async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
         async with self.conn.execute(
             f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=? AND run_id=?", (tenant, run_id)
         ) as cursor:
             row = await cursor.fetchone()
-        return _record(row) if row else None
+        return run_from_row(row) if row else None
 
     async def update_run(self, record: RunRecord) -> None:
         record.updated_at = time.time()
@@ -175,7 +139,7 @@ class SqliteRunStore:
             (tenant, thread_id),
         ) as cursor:
             row = await cursor.fetchone()
-        return _record(row) if row else None
+        return run_from_row(row) if row else None
 
     async def mark_interrupted(self) -> int:
         cursor = await self.conn.execute(
