@@ -180,11 +180,12 @@ class MemoryRunStore:
 
         return noop
 
-    async def create_run(self, record: Any) -> None:
+    async def create_run(self, record: Any) -> bool:
         key = (record.tenant, record.run_id)
         if key in self.runs:
-            raise KeyError(key)
+            return False
         self.runs[key] = dataclasses.replace(record)
+        return True
 
     async def get_run(self, tenant: str, run_id: str) -> Any:
         record = self.runs.get((tenant, run_id))
