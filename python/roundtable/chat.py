@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import uuid
 from collections.abc import Sequence
@@ -138,8 +137,3 @@ async def send_turn(
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
     return 0
-
-
-def snapshot_json(text: str) -> str:
-    """The demo snapshot as JSON, a starting point for `--snapshot` files."""
-    return json.dumps(json_format.MessageToDict(demo_snapshot(text)), indent=2, ensure_ascii=False)

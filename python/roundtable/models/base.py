@@ -7,7 +7,7 @@ nothing of retries, breakers or the graph: the harness wraps it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -79,5 +79,3 @@ ModelFactory = Callable[[ModelTarget, str | None], BaseChatModel]
 
 ProviderRegistry = Mapping[str, ChatProvider]
 """Providers by name (`ModelTarget.provider`); the composition root builds it."""
-
-AsyncCall = Callable[[], Awaitable[ChatResult]]

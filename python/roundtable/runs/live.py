@@ -92,7 +92,6 @@ class LiveRun:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     graph_task: asyncio.Task[Any] | None = None
-    immediate: bool = False
     lease_lost: bool = False
     buffer: int = 0
     """Events buffered per stream (0: unbounded)."""

@@ -591,7 +591,6 @@ class RunManager:
         if live is not None:
             live.stop.request(reason or "cancel_requested")
             if immediate and live.graph_task is not None:
-                live.immediate = True
                 live.graph_task.cancel()
             return CancelResult(True, live.record, live.progress)
         record, progress = await self.describe(tenant, run_id)

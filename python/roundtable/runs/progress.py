@@ -22,14 +22,12 @@ class Progress:
     finished: dict[str, str | None] = field(default_factory=dict)
     """reply_id -> final content, or None when the speaker failed."""
     rounds: int = 0
-    plan_events: int = 0
     memory_proposed: bool = False
 
     def observe(self, event: epb.RunEvent) -> None:
         """Updates the progress with one durable event."""
         kind = event.WhichOneof("payload")
         if kind == "plan_created":
-            self.plan_events += 1
             self.rounds = max(self.rounds, event.plan_created.round)
             known = {s.reply_id for s in self.steps}
             self.steps.extend(
