@@ -110,7 +110,10 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
     for variant, label in (
         ("ii_durable", "B1 in-process durable ÷ floor (ii ÷ i)"),
         ("ii_durable_sync_full", "B1 durable with synchronous=FULL (LangGraph default) ÷ floor"),
-        ("ii_durable_exit", "B1 durable, durability='exit' ÷ floor"),
+        (
+            "ii_durable_async",
+            "B1 durable, durability='async' (checkpoints at plan and round) ÷ floor",
+        ),
     ):
         v = fig(suite, "B1", variant)
         rr = paired_ratio(v, floor)

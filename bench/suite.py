@@ -264,7 +264,9 @@ class InProcess:
         settings = Settings(listen="127.0.0.1:0", store=f"sqlite:///{db}", **overrides)
         running = await stack.enter_async_context(running_server(settings))
         if synchronous:
-            await running.store.conn.execute(f"PRAGMA synchronous={synchronous}")
+            # Both connections: the event log's (sqlite3) and the checkpointer's (aiosqlite).
+            running.store.conn.execute(f"PRAGMA synchronous={synchronous}")
+            await running.store.checkpointer.conn.execute(f"PRAGMA synchronous={synchronous}")
         if not checkpoint:
             running.manager.graph = build_conversation_graph(None)
         if memory_store:
@@ -283,13 +285,11 @@ class InProcess:
         store = self.manager.store
         if isinstance(store, MemoryRunStore) or not hasattr(store, "conn"):
             return {}
-        conn = store.conn
-        out = {}
-        for table in ("checkpoints", "writes", "rt_events"):
-            async with conn.execute(f"SELECT COUNT(*) FROM {table}") as cursor:
-                row = await cursor.fetchone()
-            out[table] = int(row[0])
-        return out
+        conn = store.conn  # the event log's sqlite3 connection; it sees the saver's tables too
+        return {
+            table: int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+            for table in ("checkpoints", "writes", "rt_events")
+        }
 
 
 async def _per_op_us(op: Callable[[], Awaitable[Any]], n: int, reps: int) -> list[float]:
@@ -313,6 +313,7 @@ async def b1_components(cfg: Config, work: Path) -> dict[str, Any]:
     """
     import sqlite3
 
+    import aiosqlite
     from roundtable.server import running_server
     from roundtable.settings import Settings
 
@@ -408,6 +409,19 @@ async def b1_components(cfg: Config, work: Path) -> dict[str, Any]:
                 "bench", "components", StoredEvent(next(seq), "x", body)
             )
 
+        async def aiosqlite_insert():
+            conn = await aiosqlite.connect(str(work / "b1-aiosqlite.db"), isolation_level=None)
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute("PRAGMA synchronous=NORMAL")
+            await conn.execute("CREATE TABLE IF NOT EXISTS e (k INTEGER PRIMARY KEY, b BLOB)")
+            seq = iter(range(1, 10**9))
+            body = b"x" * 200
+
+            async def op() -> None:
+                await conn.execute("INSERT INTO e (k, b) VALUES (?, ?)", (next(seq), body))
+
+            return op
+
         async def sqlite3_insert_on_loop():
             conn = sqlite3.connect(str(work / "b1-sqlite3.db"), isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -463,7 +477,8 @@ async def b1_components(cfg: Config, work: Path) -> dict[str, Any]:
         await component("langchain_astream_offline", langchain_astream)
         await component("offline_model_own_astream", model_own_astream)
         await component("audit_record", audit_record, n * 4)
-        await component("store_append_event_aiosqlite", store_append_event, n * 4)
+        await component("store_append_event", store_append_event, n * 4)
+        await component("aiosqlite_insert", aiosqlite_insert, n * 4)
         await component("sqlite3_insert_on_loop_thread", sqlite3_insert_on_loop, n * 4)
         chain_ops = max(20, n // 4)
         await component("langgraph_8_node_chain_no_checkpointer", superstep(False, ""), chain_ops)
@@ -492,14 +507,14 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         "i_eventlog_only": dict(checkpoint=False),
         "ii_durable": {},
         "ii_durable_sync_full": dict(synchronous="FULL"),
-        "ii_durable_exit": dict(durability="exit"),
+        "ii_durable_async": dict(durability="async"),
     }
-    turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_exit"]}
-    cpu_used = {"iii_grpc": 0.0, "iii_grpc_exit": 0.0}
-    client_cpu = {"iii_grpc": 0.0, "iii_grpc_exit": 0.0}
+    turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_async"]}
+    cpu_used = {"iii_grpc": 0.0, "iii_grpc_async": 0.0}
+    client_cpu = {"iii_grpc": 0.0, "iii_grpc_async": 0.0}
     server = await Server(work / "b1-serve.db", work / "b1-serve.log").start()
-    server_exit = await Server(
-        work / "b1-serve-exit.db", work / "b1-serve-exit.log", "--checkpoint-durability", "exit"
+    server_async = await Server(
+        work / "b1-serve-async.db", work / "b1-serve-async.log", "--checkpoint-durability", "async"
     ).start()
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -530,13 +545,13 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
 
             variants = {name: inproc_turn(name) for name in inproc}
             variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
-            variants["iii_grpc_exit"] = await grpc_variant("iii_grpc_exit", server_exit)
+            variants["iii_grpc_async"] = await grpc_variant("iii_grpc_async", server_async)
             samples = await interleaved(variants, cfg, cfg.turns, cfg.reps)
             rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
             unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))
     finally:
         await server.stop()
-        await server_exit.stop()
+        await server_async.stop()
     figures = {name: summary(v, "ms/turn") for name, v in samples.items()}
     server_cpu_ms = {
         name: round(cpu * 1000 / max(1, turns_done[name]), 2) for name, cpu in cpu_used.items()
@@ -566,12 +581,13 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             "through its RunManager, with one part swapped: i_floor: graph compiled with "
             "checkpointer=None and a dict store (no durability at all); i_eventlog_only: "
             "graph without checkpointer, SQLite event log (WAL, NORMAL); ii_durable: as "
-            "served (SQLite store + AsyncSqliteSaver on its connection, WAL + "
-            f"synchronous=NORMAL, durability={durability!r}); ii_durable_sync_full: the "
-            "same with synchronous=FULL, "
-            "LangGraph's AsyncSqliteSaver default; ii_durable_exit: durability='exit'; "
+            "served (SQLite event log on a sqlite3 connection + AsyncSqliteSaver on an "
+            f"aiosqlite one, WAL + synchronous=NORMAL, durability={durability!r}); "
+            "ii_durable_sync_full: the same with synchronous=FULL, "
+            "LangGraph's AsyncSqliteSaver default; ii_durable_async: durability='async' "
+            "(a checkpoint after the plan and after the round too); "
             "iii_grpc: a real `roundtable serve` process on loopback, client in the bench "
-            "process; iii_grpc_exit: the same with --checkpoint-durability exit. "
+            "process; iii_grpc_async: the same with --checkpoint-durability async. "
             "Proto->domain conversion is inside every in-process turn. server_cpu_ms_per_turn: "
             "utime+stime of the serve process per turn (/proc), 10 ms clock ticks; "
             "client_cpu_ms_per_turn: the bench process's own CPU (the Python gRPC client) per "
@@ -1121,8 +1137,8 @@ async def _b6_rep(work: Path, rep: int, *args: str) -> dict[str, Any]:
 async def bench_b6(cfg: Config, work: Path) -> dict[str, Any]:
     """B6: a 16-speaker run SIGKILLed after speaker 8's final, resumed by a new process."""
     reps = [await _b6_rep(work, i) for i in range(cfg.b6_reps)]
-    exit_reps = [
-        await _b6_rep(work, i, "--checkpoint-durability", "exit")
+    async_reps = [
+        await _b6_rep(work, i, "--checkpoint-durability", "async")
         for i in range(max(1, cfg.b6_reps // 2))
     ]
     return {
@@ -1134,24 +1150,25 @@ async def bench_b6(cfg: Config, work: Path) -> dict[str, Any]:
             "model_calls_speakers_1_8": summary(
                 [r["model_calls_speakers_1_8"] for r in reps], "calls"
             ),
-            "exit_durability_model_calls_speakers_1_8": summary(
-                [r["model_calls_speakers_1_8"] for r in exit_reps], "calls"
+            "async_durability_model_calls_speakers_1_8": summary(
+                [r["model_calls_speakers_1_8"] for r in async_reps], "calls"
             ),
-            "exit_durability_time_to_first_event_ms": summary(
-                [r["ttfe_ms"] for r in exit_reps], "ms"
+            "async_durability_time_to_first_event_ms": summary(
+                [r["ttfe_ms"] for r in async_reps], "ms"
             ),
         },
         "reps": reps,
-        "exit_reps": exit_reps,
+        "async_reps": async_reps,
         "notes": (
             "Process A runs a 16-member count-off (offline latency_ms=30 per speaker) and is "
             "SIGKILLed when the client receives step 7's assistant_final (speaker 8). Process "
             "B (new, same database) gets the same StartRun: time to its first event "
             "(run_started, resumed) and to its first speaker_started, from the call. Model "
             "calls for speakers 1-8 = B's audit records caller_node=dispatch, status=success "
-            "minus B's finals for steps >= 8. exit_*: the same with both processes started "
-            "with --checkpoint-durability exit (no checkpoint until the run ends: resume "
-            "rests on the event log alone)."
+            "minus B's finals for steps >= 8. The default durability ('exit') leaves no "
+            "checkpoint until the run ends: resume rests on the event log alone. async_*: "
+            "the same with both processes started with --checkpoint-durability async (B's "
+            "graph resumes from the plan's checkpoint)."
         ),
     }
 

@@ -37,7 +37,7 @@ from roundtable.models.openai_compat import build_openai_provider
 from roundtable.runs.manager import RunLimits, RunManager
 from roundtable.settings import Settings
 from roundtable.store.base import RunStore
-from roundtable.store.checkpoints import SpeakerBoundarySaver
+from roundtable.store.checkpoints import BoundarySaver
 from roundtable.store.factory import open_store
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.setup import Telemetry, telemetry_from_env
@@ -143,7 +143,7 @@ async def running_server(
     )
     manager = RunManager(
         store=store,
-        graph=build_conversation_graph(SpeakerBoundarySaver(store.checkpointer)),
+        graph=build_conversation_graph(BoundarySaver(store.checkpointer)),
         harness=harness,
         durability=settings.checkpoint_durability,
         tracer=telemetry.tracer("roundtable.graph"),

@@ -91,9 +91,14 @@ def assert_exactly_once(a_events, b_events, n: int, run_id: str) -> None:
     assert of_kind(b_events, "run_completed")
 
 
-async def test_kill_after_speaker_3_final(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durability", ["exit", "async"])
+async def test_kill_after_speaker_3_final(tmp_path: Path, durability: str) -> None:
+    # exit (the default): A leaves no checkpoint, B resumes from the event log alone.
+    # async: A leaves the plan's checkpoint, and B's graph resumes from it at dispatch.
     request = six_speakers("@all introduce yourselves", "ab-final")
-    a = await ServerProcess(tmp_path / "rt.db", tmp_path / "a.log").start()
+    a = await ServerProcess(
+        tmp_path / "rt.db", tmp_path / "a.log", "--checkpoint-durability", durability
+    ).start()
     a_events = await run_until_killed(
         a,
         request,

@@ -12,7 +12,7 @@ CANARY_KEY = "sk-canary-7f3a9c0e51"
 
 
 async def test_openai_member_prompt_has_persona_skills_memories_and_no_key(stub) -> None:
-    async with OpenAITestServer() as model_server:
+    async with OpenAITestServer(token_delay_s=0.01) as model_server:
         model_server.script(Reply(text="Green tea, brewed at eighty degrees, is my advice."))
         ref = spb.ModelRef(
             target=spb.ModelTarget(

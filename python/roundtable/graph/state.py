@@ -40,7 +40,6 @@ class ConversationState(TypedDict, total=False):
     directive: str
     source: str
     steps: list[StepDict]
-    cursor: int
     replies: list[ReplyDict]
     round: int
     converged: bool

@@ -133,7 +133,7 @@ class RunManager:
         graph: Any,
         harness: Harness,
         graph_settings: GraphSettings | None = None,
-        durability: str = "async",
+        durability: str = "exit",
         tracer: trace.Tracer | None = None,
         metrics: Metrics | None = None,
         owner: str = "",

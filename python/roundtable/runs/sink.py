@@ -3,6 +3,10 @@
 A durable event is committed to the event log before any stream sees it. Deltas are never
 stored: they are coalesced per reply over a short window and a size cap (a gRPC message
 costs the same for one token or a thousand) and carry the seq of the last durable event.
+
+Text still buffered when its reply's `assistant_final` (or `speaker_failed`) is emitted is
+dropped, not sent: the final carries the whole reply, so that last delta would only cost a
+message. A reply written within one window (a short or cached answer) streams no delta.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import asyncio
 import time
 
 from roundtable.api.convert import event_to_proto
-from roundtable.domain.events import AssistantDelta, Event
+from roundtable.domain.events import AssistantDelta, AssistantFinal, Event, SpeakerFailed
 from roundtable.runs.live import LiveRun
 from roundtable.store.base import RunStore, StoredEvent
 
@@ -34,7 +38,10 @@ class RunSink:
 
     async def emit(self, event: Event) -> None:
         """Numbers the event, commits it to the log, then hands it to the streams."""
-        self.flush()
+        if isinstance(event, AssistantFinal | SpeakerFailed) and event.reply_id == self._reply:
+            self.discard()
+        else:
+            self.flush()
         seq = self.seq + 1
         proto = event_to_proto(self.live.record.run_id, seq, time.time(), event)
         body = proto.SerializeToString()
@@ -57,6 +64,14 @@ class RunSink:
             self.flush()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._window, self.flush)
+
+    def discard(self) -> None:
+        """Drops the buffered text: its reply is final, and the final carries it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._parts.clear()
+        self._size = 0
 
     def flush(self) -> None:
         """Sends the buffered text now (before any durable event, to keep order)."""

@@ -1,12 +1,14 @@
-"""A checkpoint saver that writes at speaker boundaries only.
+"""A checkpoint saver that writes at progress boundaries only: a plan made, a round spoken.
 
 The speaker is the unit of resume: a run resumes by set difference against the event log,
 where every finished reply is committed before anyone hears of it. So the checkpoint
-only has to record where the graph stands after each plan and each speaker; the
-checkpoints LangGraph would write after routing nodes, and the per-task "writes" it keeps
-for resuming half-finished parallel super-steps (this graph has none), cost a database
-round trip each and buy nothing. Measured on a 4-speaker count-off: 12 checkpoints and
-40 writes a turn become 6 checkpoints (start, plan, four speakers) and no writes.
+only has to record where the graph stands after each plan and each round of speakers
+(dispatch runs a whole round in one super-step); the checkpoints LangGraph would write
+after routing nodes, and the per-task "writes" it keeps for resuming half-finished
+parallel super-steps (this graph has none), cost a database round trip each and buy
+nothing. Measured on a 4-speaker count-off: 12 checkpoints and 40 writes a turn became 6
+checkpoints (start, plan, four speakers) and no writes with a super-step per speaker,
+then 2 (plan, round) once dispatch ran the round in one super-step.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from langgraph.checkpoint.base import (
 )
 
 BOUNDARY_CHANNELS = frozenset({"steps", "replies"})
-"""State keys that change exactly when a plan is made or a speaker finishes."""
+"""State keys that change exactly when a plan is made or a round of speakers finishes."""
 
 
-class SpeakerBoundarySaver(BaseCheckpointSaver[Any]):
-    """Wraps a saver; forwards only the checkpoints taken at speaker boundaries."""
+class BoundarySaver(BaseCheckpointSaver[Any]):
+    """Wraps a saver; forwards only the checkpoints taken at plan and round boundaries."""
 
     def __init__(self, inner: BaseCheckpointSaver[Any]) -> None:
         super().__init__(serde=inner.serde)
@@ -57,7 +59,7 @@ class SpeakerBoundarySaver(BaseCheckpointSaver[Any]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Writes the checkpoint when a plan or a speaker just finished; skips it otherwise."""
+        """Writes the checkpoint when a plan or a round just finished; skips it otherwise."""
         if BOUNDARY_CHANNELS.isdisjoint(new_versions):
             configurable = dict(config.get("configurable", {}))
             configurable["checkpoint_id"] = checkpoint["id"]

@@ -1,9 +1,24 @@
-"""The embedded store: one SQLite file in WAL mode, shared with the LangGraph checkpointer."""
+"""The embedded store: one SQLite file in WAL mode, shared with the LangGraph checkpointer.
+
+Two connections to the one file:
+
+- LangGraph's `AsyncSqliteSaver` gets an aiosqlite connection (a thread of its own), as
+  LangGraph requires; it writes a checkpoint at plan and round boundaries only.
+- The run registry and event log use a plain `sqlite3` connection on the event loop's
+  thread. A statement there costs ≈10-20 µs; the same statement through aiosqlite costs
+  ≈80 µs, most of it two thread hand-offs (measured in bench/, B1 parts), and a turn makes
+  about fifteen of them, each one on the path of an event the gateway is waiting for.
+  Both connections are in autocommit mode, so a write lock is held for one statement
+  only; `busy_timeout` bounds the rare wait for the saver's statement. WAL checkpoints
+  (the fsync-heavy part of WAL) run on the saver's thread only: this connection has
+  `wal_autocheckpoint=0`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from pathlib import Path
 
@@ -42,6 +57,10 @@ CREATE TABLE IF NOT EXISTS rt_events (
 ) WITHOUT ROWID;
 """
 
+_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA busy_timeout=5000")
+"""WAL + synchronous=NORMAL: a committed row survives a killed process (not power loss),
+at a fraction of FULL's cost per commit."""
+
 
 def sqlite_path(url: str) -> Path:
     """The file of a `sqlite:///path` URL (relative paths are relative to the cwd)."""
@@ -52,16 +71,21 @@ def sqlite_path(url: str) -> Path:
 
 
 async def connect_sqlite(path: Path) -> aiosqlite.Connection:
-    """Opens the database file with the settings durability needs and speed allows.
-
-    WAL + synchronous=NORMAL: a committed row survives a killed process (not power loss),
-    at a fraction of FULL's cost per commit.
-    """
+    """Opens the checkpointer's connection to the database file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = await aiosqlite.connect(os.fspath(path), isolation_level=None)
-    await conn.execute("PRAGMA journal_mode=WAL")
-    await conn.execute("PRAGMA synchronous=NORMAL")
-    await conn.execute("PRAGMA busy_timeout=5000")
+    for pragma in _PRAGMAS:
+        await conn.execute(pragma)
+    return conn
+
+
+def connect_log(path: Path) -> sqlite3.Connection:
+    """Opens the run registry's and event log's connection, used on the loop's thread."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False)
+    for pragma in _PRAGMAS:
+        conn.execute(pragma)
+    conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
 
 
@@ -70,24 +94,28 @@ _PLACEHOLDERS = ",".join("?" * len(RUN_COLUMNS))
 
 
 class SqliteRunStore:
-    """Run registry and event log in SQLite. Autocommit: each statement is its own commit."""
+    """Run registry and event log in SQLite. Autocommit: each statement is its own commit.
 
-    def __init__(self, conn: aiosqlite.Connection, checkpointer: AsyncSqliteSaver) -> None:
+    The methods are coroutines (the `RunStore` protocol) that do not await: each is one
+    short statement on the loop's thread (see the module docstring for why).
+    """
+
+    def __init__(self, conn: sqlite3.Connection, checkpointer: AsyncSqliteSaver) -> None:
         self.conn = conn
         self.checkpointer = checkpointer
-        """LangGraph's saver on the same connection: one file, one writer thread."""
+        """LangGraph's saver on its own aiosqlite connection to the same file."""
 
     @classmethod
     async def open(cls, path: Path) -> SqliteRunStore:
         """Opens (and creates) the store and the checkpoint tables in a database file."""
-        conn = await connect_sqlite(path)
-        await conn.executescript(_SCHEMA)
-        saver = AsyncSqliteSaver(conn)
+        conn = connect_log(path)
+        conn.executescript(_SCHEMA)
+        saver = AsyncSqliteSaver(await connect_sqlite(path))
         await saver.setup()
         return cls(conn, saver)
 
     async def create_run(self, record: RunRecord) -> bool:
-        cursor = await self.conn.execute(
+        cursor = self.conn.execute(
             f"INSERT INTO rt_runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS}) "
             "ON CONFLICT (tenant, run_id) DO NOTHING",
             run_row(record),
@@ -95,15 +123,15 @@ class SqliteRunStore:
         return cursor.rowcount == 1
 
     async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
-        async with self.conn.execute(
+        cursor = self.conn.execute(
             f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=? AND run_id=?", (tenant, run_id)
-        ) as cursor:
-            row = await cursor.fetchone()
+        )
+        row = cursor.fetchone()
         return run_from_row(row) if row else None
 
     async def update_run(self, record: RunRecord) -> None:
         record.updated_at = time.time()
-        await self.conn.execute(
+        self.conn.execute(
             "UPDATE rt_runs SET status=?, plan_json=?, finished_reply_ids=?, last_seq=?, "
             "updated_at=? WHERE tenant=? AND run_id=?",
             (
@@ -118,31 +146,31 @@ class SqliteRunStore:
         )
 
     async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
-        await self.conn.execute(
+        self.conn.execute(
             "INSERT INTO rt_events (tenant, run_id, seq, kind, body) VALUES (?,?,?,?,?)",
             (tenant, run_id, event.seq, event.kind, event.body),
         )
 
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
-        async with self.conn.execute(
+        cursor = self.conn.execute(
             "SELECT seq, kind, body FROM rt_events WHERE tenant=? AND run_id=? AND seq>? "
             "ORDER BY seq",
             (tenant, run_id, after_seq),
-        ) as cursor:
-            rows = await cursor.fetchall()
+        )
+        rows = cursor.fetchall()
         return [StoredEvent(r[0], r[1], bytes(r[2])) for r in rows]
 
     async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
-        async with self.conn.execute(
+        cursor = self.conn.execute(
             f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=? AND thread_id=? "
             "AND status IN ('cancelled','interrupted') ORDER BY created_at DESC LIMIT 1",
             (tenant, thread_id),
-        ) as cursor:
-            row = await cursor.fetchone()
+        )
+        row = cursor.fetchone()
         return run_from_row(row) if row else None
 
     async def mark_interrupted(self) -> int:
-        cursor = await self.conn.execute(
+        cursor = self.conn.execute(
             # The file belongs to this process: whoever held these runs is gone.
             "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=? "
             "WHERE status IN ('running','queued')",
@@ -152,7 +180,7 @@ class SqliteRunStore:
 
     async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
         now = time.time()
-        cursor = await self.conn.execute(
+        cursor = self.conn.execute(
             "UPDATE rt_runs SET owner=?, lease_until=? WHERE tenant=? AND run_id=? "
             "AND (owner='' OR owner=? OR lease_until<?)",
             (owner, now + ttl_s, tenant, run_id, owner, now),
@@ -160,21 +188,21 @@ class SqliteRunStore:
         return cursor.rowcount == 1
 
     async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        cursor = await self.conn.execute(
+        cursor = self.conn.execute(
             "UPDATE rt_runs SET lease_until=? WHERE tenant=? AND run_id=? AND owner=?",
             (time.time() + ttl_s, tenant, run_id, owner),
         )
         return cursor.rowcount == 1
 
     async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
-        await self.conn.execute(
+        self.conn.execute(
             "UPDATE rt_runs SET owner='', lease_until=0, cancel_mode='', cancel_reason='' "
             "WHERE tenant=? AND run_id=? AND owner=?",
             (tenant, run_id, owner),
         )
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
-        await self.conn.execute(
+        self.conn.execute(
             "UPDATE rt_runs SET cancel_mode=?, cancel_reason=? WHERE tenant=? AND run_id=?",
             (mode, reason, tenant, run_id),
         )
@@ -184,12 +212,14 @@ class SqliteRunStore:
         return False
 
     async def count_rows(self) -> int:
-        async with self.conn.execute(
+        cursor = self.conn.execute(
             "SELECT (SELECT COUNT(*) FROM rt_runs) + (SELECT COUNT(*) FROM rt_events)"
             " + (SELECT COUNT(*) FROM checkpoints) + (SELECT COUNT(*) FROM writes)"
-        ) as cursor:
-            row = await cursor.fetchone()
+        )
+        row = cursor.fetchone()
         return int(row[0]) if row else 0
 
     async def close(self) -> None:
-        await self.conn.close()
+        self.conn.close()
+        # The saver's connection closes last: the last connection out folds the WAL back.
+        await self.checkpointer.conn.close()

@@ -947,7 +947,9 @@ func (x *SpeakerStarted) GetAttempt() uint32 {
 // AssistantDelta is a chunk of a reply while it is written. Tokens are
 // coalesced over a short window and a size cap (RunOptions). Deltas are live
 // only: they are never stored or replayed, and a delta's text is not final
-// (a count-off reply may be replaced). Only AssistantFinal counts.
+// (a count-off reply may be replaced). Only AssistantFinal counts: text still
+// buffered when the reply's final is ready is not sent as a delta (the final
+// carries it), so a reply written within one window streams no delta at all.
 type AssistantDelta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The reply the chunk belongs to.

@@ -9,30 +9,34 @@ from __future__ import annotations
 from typing import Literal
 
 from langgraph.runtime import Runtime
+from langgraph.types import Command
 
 from roundtable.domain.plan import PlanSource
+from roundtable.domain.snapshot import Budgets
 from roundtable.graph.context import GraphContext
 from roundtable.graph.state import ConversationState
 
+Destination = Literal["supervisor", "propose_memory"]
+DESTINATIONS: tuple[Destination, ...] = ("supervisor", "propose_memory")
 
-async def convergence(
-    state: ConversationState, runtime: Runtime[GraphContext]
-) -> ConversationState:
-    """Decides whether another round is wanted and allowed.
 
-    `converged` stays the supervisor's own verdict, so a discussion cut short by its
-    budget is reported as not converged.
-    """
-    budgets = runtime.context.request.snapshot.session.budgets
-    more = (
+def another_round(state: ConversationState, budgets: Budgets) -> bool:
+    """An open discussion the supervisor has not closed, with rounds and speakers left."""
+    return (
         state.get("source") == PlanSource.SUPERVISOR.value
         and not state.get("converged", True)
         and state.get("round", 1) < budgets.max_rounds
         and len(state.get("steps", [])) < budgets.max_speakers
     )
-    return {"another_round": more}
 
 
-def next_after_convergence(state: ConversationState) -> Literal["supervisor", "propose_memory"]:
-    """Another round, or on to memory proposals."""
-    return "supervisor" if state.get("another_round") else "propose_memory"
+async def convergence(
+    state: ConversationState, runtime: Runtime[GraphContext]
+) -> Command[Destination]:
+    """Decides whether another round is wanted and allowed.
+
+    `converged` stays the supervisor's own verdict, so a discussion cut short by its
+    budget is reported as not converged.
+    """
+    more = another_round(state, runtime.context.request.snapshot.session.budgets)
+    return Command(update={"another_round": more}, goto="supervisor" if more else "propose_memory")

@@ -32,13 +32,16 @@ async def hydrate_context(
         for step in prior.steps
         if step.reply_id in prior.finished
     ]
-    return ConversationState(
+    state = ConversationState(
         route=Route.SINGLE if snapshot.session.kind is SessionKind.SINGLE else Route.GROUP,
-        steps=[step_to_dict(s) for s in prior.steps],
-        cursor=0,
-        replies=replies,
         round=prior.rounds,
         converged=True,
         input_tokens=0,
         output_tokens=0,
     )
+    if prior.steps:
+        # Only a resumed run brings steps and replies: writing them empty would make a
+        # fresh run's start a checkpoint boundary (store/checkpoints.py) for nothing.
+        state["steps"] = [step_to_dict(s) for s in prior.steps]
+        state["replies"] = replies
+    return state
