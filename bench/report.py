@@ -211,7 +211,21 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             "≤ 1.2",
             r,
             r and r["median"] <= 1.2,
-            f"{fmt(h10k and h10k['median'])} ms vs {fmt(h10 and h10['median'])} ms",
+            f"{fmt(h10k and h10k['median'])} ms vs {fmt(h10 and h10['median'])} ms "
+            "(the client sends a serialized snapshot it keeps)",
+            "x",
+        )
+    )
+    c10 = fig(suite, "B5", "client_serializes_history_10")
+    c10k = fig(suite, "B5", "client_serializes_history_10000")
+    rc = paired_ratio(c10k, c10)
+    goals.append(
+        goal(
+            "B5 the same with the client serializing the whole request per turn",
+            "report",
+            rc,
+            None,
+            f"{fmt(c10k and c10k['median'])} ms vs {fmt(c10 and c10['median'])} ms",
             "x",
         )
     )

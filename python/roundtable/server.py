@@ -25,7 +25,7 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from roundtable.api.auth import Authenticator, AuthInterceptor
 from roundtable.api.limits import RequestLimits
-from roundtable.api.servicer import OrchestratorServicer
+from roundtable.api.servicer import OrchestratorServicer, add_to_server
 from roundtable.api.tls import check_listen_address, server_credentials
 from roundtable.domain.snapshot import Budgets
 from roundtable.graph.builder import build_conversation_graph
@@ -42,7 +42,6 @@ from roundtable.store.factory import open_store
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.setup import Telemetry, telemetry_from_env
 from roundtable.v1 import orchestrator_service_pb2 as pb
-from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +170,7 @@ async def running_server(
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
         ],
     )
-    pb_grpc.add_OrchestratorServiceServicer_to_server(
+    add_to_server(
         OrchestratorServicer(
             manager,
             limits=limits,

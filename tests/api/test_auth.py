@@ -31,6 +31,7 @@ from roundtable.settings import Settings
 from roundtable.telemetry.setup import telemetry_from_env
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
 from support.builders import collect, finals, kinds, start_request
 from support.certs import CertificateAuthority, Issued
 from support.otlp import OtlpReceiver
@@ -246,10 +247,14 @@ async def test_another_tenants_run_is_not_found_exactly_like_a_missing_run(
 
 
 async def test_a_forbidden_cancel_leaves_a_live_run_alone(start_server, tokens: Tokens) -> None:
-    async with connected(
-        start_server, auth_tokens=tokens.setting, offline_token_delay_ms=20
-    ) as stub:
-        request = start_request("报数", tenant="tenant-a", run_id="live-a")
+    async with connected(start_server, auth_tokens=tokens.setting) as stub:
+        # Each reply takes 300 ms: the run is still live while beta tries to cancel it.
+        slow = spb.ModelRef(
+            target=spb.ModelTarget(
+                provider="offline", model="slow", base_url="offline:?latency_ms=300"
+            )
+        )
+        request = start_request("报数", tenant="tenant-a", run_id="live-a", default_model=slow)
         events = []
         async for response in stub.StartRun(request, metadata=bearer(tokens.alpha)):
             events.append(response.event)

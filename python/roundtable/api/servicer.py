@@ -1,4 +1,9 @@
-"""The gRPC servicer: parse, validate, hand off, map errors. Nothing else happens here."""
+"""The gRPC servicer: parse, validate, hand off, map errors. Nothing else happens here.
+
+`add_to_server` registers it like the generated `add_OrchestratorServiceServicer_to_server`,
+except that StartRun's request is deserialized into a `ReceivedStartRun` (api/wire.py), so
+the request's size and fingerprint come from the bytes received.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from roundtable.api.auth import Authenticator
 from roundtable.api.errors import to_grpc_status
 from roundtable.api.limits import RequestLimits
 from roundtable.api.validation import validate_run_ids, validate_start_run
+from roundtable.api.wire import ReceivedStartRun
 from roundtable.domain.errors import InvalidRequest, RoundtableError
 from roundtable.domain.snapshot import Budgets, DisconnectPolicy
 from roundtable.runs.manager import RunManager
@@ -23,7 +29,6 @@ from roundtable.telemetry.attributes import run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
-from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,7 @@ def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
     )
 
 
-class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
+class OrchestratorServicer:
     """Implements roundtable.v1.OrchestratorService over a RunManager."""
 
     def __init__(
@@ -83,14 +88,17 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         self.metrics.events_streamed.add(1, {"roundtable.event": event.WhichOneof("payload") or ""})
 
     async def StartRun(
-        self, request: pb.StartRunRequest, context: grpc.aio.ServicerContext
+        self, received: ReceivedStartRun, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StartRunResponse]:
         """Validates the turn, then streams its events (see the proto for semantics)."""
-        violations = validate_start_run(request, limits=self.limits, providers=self.providers)
+        request = received.message
+        violations = validate_start_run(
+            request, limits=self.limits, providers=self.providers, wire_size=received.wire_size
+        )
         if violations:
             await _abort(context, InvalidRequest(violations))
         run_request = convert.run_request_from_proto(
-            request, limits=self.limits, defaults=self.budgets
+            received, limits=self.limits, defaults=self.budgets
         )
         # The RPC span (made by the OpenTelemetry interceptor before the request was parsed)
         # gets the correlation attributes too.
@@ -178,3 +186,37 @@ class OrchestratorServicer(pb_grpc.OrchestratorServiceServicer):
         except RoundtableError as exc:
             await _abort(context, exc)
         return pb.GetRunResponse(run=run_to_proto(record, progress))
+
+
+def add_to_server(servicer: OrchestratorServicer, server: grpc.aio.Server) -> None:
+    """Registers the servicer's four RPCs under roundtable.v1.OrchestratorService."""
+    handlers = {
+        "StartRun": grpc.unary_stream_rpc_method_handler(
+            servicer.StartRun,
+            request_deserializer=ReceivedStartRun.parse,
+            response_serializer=pb.StartRunResponse.SerializeToString,
+        ),
+        "StreamRun": grpc.unary_stream_rpc_method_handler(
+            servicer.StreamRun,
+            request_deserializer=pb.StreamRunRequest.FromString,
+            response_serializer=pb.StreamRunResponse.SerializeToString,
+        ),
+        "CancelRun": grpc.unary_unary_rpc_method_handler(
+            servicer.CancelRun,
+            request_deserializer=pb.CancelRunRequest.FromString,
+            response_serializer=pb.CancelRunResponse.SerializeToString,
+        ),
+        "GetRun": grpc.unary_unary_rpc_method_handler(
+            servicer.GetRun,
+            request_deserializer=pb.GetRunRequest.FromString,
+            response_serializer=pb.GetRunResponse.SerializeToString,
+        ),
+    }
+    service = pb.DESCRIPTOR.services_by_name["OrchestratorService"]
+    if set(handlers) != {m.name for m in service.methods}:
+        # The contract gained or renamed an RPC: register it here too.
+        raise RuntimeError(f"{service.full_name}: handlers do not match the contract's RPCs")
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(service.full_name, handlers)

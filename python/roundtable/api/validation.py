@@ -75,10 +75,15 @@ def validate_start_run(
     *,
     limits: RequestLimits,
     providers: Collection[str],
+    wire_size: int | None = None,
 ) -> list[FieldViolation]:
-    """Returns every violation of a StartRunRequest (empty when it is valid)."""
+    """Returns every violation of a StartRunRequest (empty when it is valid).
+
+    `wire_size` is the request's size as received; without it the message is measured
+    (which walks all of it: ≈0.45 ms for a 10,000-message history).
+    """
     c = _Collector(limits)
-    size = request.ByteSize()
+    size = request.ByteSize() if wire_size is None else wire_size
     if size > limits.max_request_bytes:
         c.add("", f"request must be at most {limits.max_request_bytes} bytes, got {size}")
     if not request.HasField("context"):
