@@ -53,8 +53,8 @@ checkgenerate: venv tools ## Fail when generated code is not what proto/ generat
 lint: venv ## buf lint + format, ruff, mypy, go vet + gofmt
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
-	$(VENV)/bin/ruff check python tests
-	$(VENV)/bin/ruff format --check python tests
+	$(VENV)/bin/ruff check python tests bench
+	$(VENV)/bin/ruff format --check python tests bench
 	$(VENV)/bin/mypy
 	cd clients/go && go vet ./... && test -z "$$(gofmt -l .)"
 	cd examples/gateway-go && go vet ./... && test -z "$$(gofmt -l .)"

@@ -128,6 +128,10 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             "ratio_native_vs_raw",
             "B2 streamed tokens/s ÷ raw gRPC msgs/s (native provider: Roundtable's pipe)",
         ),
+        (
+            "ratio_native_reads_vs_raw",
+            "B2 the same, the model's tokens arriving 64 per network read",
+        ),
     ):
         v = fig(suite, "B2", key)
         goals.append(goal(label, "≥ 20", v, v and v["median"] >= 20, "", "x"))
@@ -150,6 +154,17 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             "≤ 30 ms",
             flood,
             flood and flood["median"] <= 30,
+            "",
+            "ms",
+        )
+    )
+    reads = fig(suite, "B2", "flood_native_reads_latency_p99_ms")
+    goals.append(
+        goal(
+            "B2 token latency p99 while flooding (native, 64 tokens per read)",
+            "≤ 30 ms",
+            reads,
+            reads and reads["median"] <= 30,
             "",
             "ms",
         )

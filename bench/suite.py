@@ -673,6 +673,11 @@ async def _model_alone(channel: Any, kind: str, tokens: int) -> float:
     return float((await method(f"{kind}:{tokens}".encode())).decode())
 
 
+READ_TOKENS = 64
+"""B2's third model: tokens arrive READ_TOKENS at a time, as SSE events do when one network
+read holds several of them; each token is still handed to Roundtable on its own."""
+
+
 async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
     """B2: one speaker streaming N tokens vs raw grpc.aio messages/s; token latency."""
     import grpc
@@ -682,6 +687,7 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
         "raw": [],
         "flood_langchain": [],
         "flood_native": [],
+        "flood_native_reads": [],
         "paced_langchain": [],
         "alone": [],
     }
@@ -702,6 +708,9 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
                 runs["flood_langchain"].append(await _rt_stream(stub, "flood", cfg.b2_tokens, 0))
                 alone["native"] = await _model_alone(raw_channel, "native", cfg.b2_tokens)
                 runs["flood_native"].append(await _rt_stream(stub, "floodnative", cfg.b2_tokens, 0))
+                runs["flood_native_reads"].append(
+                    await _rt_stream(stub, "floodnative", cfg.b2_tokens, 0, READ_TOKENS)
+                )
                 runs["alone"].append(alone)
                 runs["paced_langchain"].append(
                     await _rt_stream(stub, "flood", cfg.b2_paced_tokens, cfg.b2_paced_delay_ms)
@@ -721,6 +730,8 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
         "flood_langchain_messages": fig("flood_langchain", "messages", "msgs/run"),
         "flood_native_tokens_per_s": fig("flood_native", "tokens_per_s", "tokens/s"),
         "flood_native_latency_p99_ms": fig("flood_native", "p99_ms", "ms"),
+        "flood_native_reads_tokens_per_s": fig("flood_native_reads", "tokens_per_s", "tokens/s"),
+        "flood_native_reads_latency_p99_ms": fig("flood_native_reads", "p99_ms", "ms"),
         "paced_latency_p50_ms": fig("paced_langchain", "p50_ms", "ms"),
         "paced_latency_p99_ms": fig("paced_langchain", "p99_ms", "ms"),
     }
@@ -750,6 +761,13 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
     )
     out["ratio_langchain_vs_raw"] = summary(ratio, "x")
     out["ratio_native_vs_raw"] = summary(ratio_native, "x")
+    out["ratio_native_reads_vs_raw"] = summary(
+        [
+            f["tokens_per_s"] / r["messages_per_s"]
+            for f, r in zip(runs["flood_native_reads"], runs["raw"], strict=True)
+        ],
+        "x",
+    )
     return {
         "figures": out,
         "tokens": cfg.b2_tokens,
@@ -759,7 +777,9 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
             "bench/flood_server.py: the product's running_server() with bench providers. "
             "flood_langchain: a LangChain chat model behind LangChainProvider (the path of "
             "every real model), yielding to the event loop after every token; flood_native: "
-            "a ChatProvider calling on_text directly. Default coalescing (20 ms, 1,024 bytes); "
+            "a ChatProvider calling on_text directly; flood_native_reads: the same with the "
+            "model yielding to the loop every 64 tokens (several SSE events in one network "
+            "read), on_text still called per token. Default coalescing (20 ms, 1,024 bytes); "
             "tokens are 7 bytes (a CLOCK_MONOTONIC stamp), so latency is exact per token. "
             "tokens/s = tokens / (last delta received - StartRun sent). Ratios pair each "
             "repetition with the raw run measured just before it. model_alone_*: the same "

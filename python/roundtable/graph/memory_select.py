@@ -53,6 +53,9 @@ def select_memories(
     memories: Iterable[Memory], query: str, *, top_k: int, max_chars: int
 ) -> list[Memory]:
     """The most relevant memories for `query`, most relevant first."""
+    memories = tuple(memories)
+    if not memories:
+        return []
     wanted = terms(query)
     scored = []
     for memory in memories:
