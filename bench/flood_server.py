@@ -12,8 +12,8 @@ e.g. `flood:?tokens=100000&token_delay_ms=0&yield_every=1`):
 Every token is its own production time: six base-36 characters of CLOCK_MONOTONIC
 microseconds and a space (7 bytes), so the client measures the latency of each token.
 
-With BENCH_GC_FREEZE=1 in the environment it also runs `gc.collect(); gc.freeze()` once
-serving (an experiment of B3, not something the product does). With BENCH_PROFILE=FILE,
+Like `roundtable serve`, it runs `gc.collect(); gc.freeze()` once serving. With
+BENCH_PROFILE=FILE,
 SIGUSR1 starts cProfile and SIGUSR2 stops it and writes FILE (bench/profile_turn.py), so a
 profile holds the measured turns only, not start-up.
 
@@ -125,11 +125,24 @@ class NativeFloodProvider:
         self, target: Any, call: ChatCall, *, api_key: str | None, on_text: Any
     ) -> RtResult:
         tokens, delay_s, yield_every = knobs(target.base_url)
+        whole_reads = "whole_reads=1" in target.base_url
         parts: list[str] = []
+        read: list[str] = []
         async for token in produce(tokens, delay_s, yield_every):
             parts.append(token)
-            if on_text is not None:
+            if on_text is None:
+                continue
+            if not whole_reads:
                 on_text(token)
+                continue
+            # A provider that hands over each network read at once: the tokens produced
+            # between two yields to the event loop go to on_text as one piece.
+            read.append(token)
+            if len(read) >= yield_every:
+                on_text("".join(read))
+                read.clear()
+        if read and on_text is not None:
+            on_text("".join(read))
         return RtResult(
             text="".join(parts),
             usage=TokenUsage(1, tokens),
@@ -209,10 +222,10 @@ async def main(argv: list[str]) -> None:
                 log.warning("bench: profile written")
 
             loop.add_signal_handler(signal.SIGUSR2, dump)
-        if os.environ.get("BENCH_GC_FREEZE"):
-            gc.collect()
-            gc.freeze()
-            log.warning("bench: gc frozen (%d objects)", gc.get_freeze_count())
+        # As `roundtable serve` does (server.serve): start-up objects leave the collector's
+        # view, so gen-2 collections stay short.
+        gc.collect()
+        gc.freeze()
         log.warning("bench raw stream on 127.0.0.1:%d", raw_port)
         log.warning("roundtable serving on 127.0.0.1:%d (bench flood server)", running.port)
         await stop.wait()

@@ -607,8 +607,17 @@ def _latencies(arrivals: list[tuple[int, str]]) -> list[float]:
     return out
 
 
-async def _rt_stream(stub: Any, provider: str, tokens: int, delay_ms: float, yield_every: int = 1):
+async def _rt_stream(
+    stub: Any,
+    provider: str,
+    tokens: int,
+    delay_ms: float,
+    yield_every: int = 1,
+    whole_reads: bool = False,
+):
     base_url = f"{provider}:?tokens={tokens}&token_delay_ms={delay_ms:g}&yield_every={yield_every}"
+    if whole_reads:
+        base_url += "&whole_reads=1"
     request = turn_request(
         "tell me a very long story",
         run_id=new_id("b2"),
@@ -688,6 +697,7 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
         "flood_langchain": [],
         "flood_native": [],
         "flood_native_reads": [],
+        "flood_native_whole_reads": [],
         "paced_langchain": [],
         "alone": [],
     }
@@ -711,6 +721,9 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
                 runs["flood_native_reads"].append(
                     await _rt_stream(stub, "floodnative", cfg.b2_tokens, 0, READ_TOKENS)
                 )
+                runs["flood_native_whole_reads"].append(
+                    await _rt_stream(stub, "floodnative", cfg.b2_tokens, 0, READ_TOKENS, True)
+                )
                 runs["alone"].append(alone)
                 runs["paced_langchain"].append(
                     await _rt_stream(stub, "flood", cfg.b2_paced_tokens, cfg.b2_paced_delay_ms)
@@ -732,6 +745,10 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
         "flood_native_latency_p99_ms": fig("flood_native", "p99_ms", "ms"),
         "flood_native_reads_tokens_per_s": fig("flood_native_reads", "tokens_per_s", "tokens/s"),
         "flood_native_reads_latency_p99_ms": fig("flood_native_reads", "p99_ms", "ms"),
+        "flood_native_whole_reads_tokens_per_s": fig(
+            "flood_native_whole_reads", "tokens_per_s", "tokens/s"
+        ),
+        "flood_native_whole_reads_latency_p99_ms": fig("flood_native_whole_reads", "p99_ms", "ms"),
         "paced_latency_p50_ms": fig("paced_langchain", "p50_ms", "ms"),
         "paced_latency_p99_ms": fig("paced_langchain", "p99_ms", "ms"),
     }
@@ -761,6 +778,13 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
     )
     out["ratio_langchain_vs_raw"] = summary(ratio, "x")
     out["ratio_native_vs_raw"] = summary(ratio_native, "x")
+    out["ratio_native_whole_reads_vs_raw"] = summary(
+        [
+            f["tokens_per_s"] / r["messages_per_s"]
+            for f, r in zip(runs["flood_native_whole_reads"], runs["raw"], strict=True)
+        ],
+        "x",
+    )
     out["ratio_native_reads_vs_raw"] = summary(
         [
             f["tokens_per_s"] / r["messages_per_s"]
@@ -779,7 +803,9 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
             "every real model), yielding to the event loop after every token; flood_native: "
             "a ChatProvider calling on_text directly; flood_native_reads: the same with the "
             "model yielding to the loop every 64 tokens (several SSE events in one network "
-            "read), on_text still called per token. Default coalescing (20 ms, 1,024 bytes); "
+            "read), on_text still called per token; flood_native_whole_reads: the same model, "
+            "the provider handing each read's 64 tokens to on_text at once. Default "
+            "coalescing (20 ms, 1,024 bytes); "
             "tokens are 7 bytes (a CLOCK_MONOTONIC stamp), so latency is exact per token. "
             "tokens/s = tokens / (last delta received - StartRun sent). Ratios pair each "
             "repetition with the raw run measured just before it. model_alone_*: the same "
@@ -916,18 +942,7 @@ async def bench_b3(cfg: Config, work: Path) -> dict[str, Any]:
         steps, tokens_each = await _b3_sweep(cfg, server, template)
     finally:
         await server.stop()
-    # Experiment (not the product): the same server with gc.freeze() once serving.
-    frozen = await Server(
-        work / "b3-frozen.db",
-        work / "b3-frozen.log",
-        script=BENCH / "flood_server.py",
-        env={"BENCH_GC_FREEZE": "1"},
-    ).start()
-    try:
-        frozen_steps, _ = await _b3_sweep(cfg, frozen, template)
-    finally:
-        await frozen.stop()
-    best, best_frozen = _best(steps), _best(frozen_steps)
+    best = _best(steps)
     return {
         "figures": {
             "max_rate_per_s": best["rate_per_s"] if best else 0,
@@ -935,10 +950,8 @@ async def bench_b3(cfg: Config, work: Path) -> dict[str, Any]:
             "cpu_s_per_turn_by_rate": summary(
                 [s["cpu_s_per_turn"] for s in steps if s["cpu_s_per_turn"]], "cpu s/turn"
             ),
-            "experiment_gc_frozen_max_rate_per_s": best_frozen["rate_per_s"] if best_frozen else 0,
         },
         "steps": steps,
-        "experiment_gc_frozen_steps": frozen_steps,
         "tokens_per_speaker": tokens_each,
         "step_s": cfg.b3_step_s,
         "notes": (
@@ -949,10 +962,7 @@ async def bench_b3(cfg: Config, work: Path) -> dict[str, Any]:
             "arrival) and time to first event p99 <= 100 ms over the whole step (also shown "
             "per fifth of the step: min/median/max). CPU s/turn = server process utime+stime "
             "over the step / completed turns. Each speaker: offline model, latency_ms=200, "
-            "max_output_tokens=20 (an @all turn: a count-off reply has no 20 tokens). "
-            "experiment_gc_frozen: the same sweep against bench/flood_server.py (the same "
-            "running_server) with gc.collect(); gc.freeze() once serving, to show what the "
-            "gen-2 collections' pauses cost the TTFE tail."
+            "max_output_tokens=20 (an @all turn: a count-off reply has no 20 tokens)."
         ),
     }
 
