@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,11 +28,12 @@ class Subscription:
     """
 
     def __init__(self, backlog: list[epb.RunEvent], *, ended: bool, buffer: int = 0) -> None:
-        self.queue: asyncio.Queue[epb.RunEvent | None] = asyncio.Queue()
-        for event in backlog:
-            self.queue.put_nowait(event)
+        # A deque and one waiter rather than an asyncio.Queue: one reader, and a parked
+        # run keeps a stream per client, so the Queue's three more deques (~2 KB) count.
+        self._items: deque[epb.RunEvent | None] = deque(backlog)
+        self._waiter: asyncio.Future[None] | None = None
         if ended:
-            self.queue.put_nowait(_END)
+            self._items.append(_END)
         self.limit = len(backlog) + buffer if buffer else 0
         self.dropped_deltas = 0
         self.reached_end = False
@@ -44,7 +46,17 @@ class Subscription:
     @property
     def full(self) -> bool:
         """Whether the reader is `buffer` events behind."""
-        return bool(self.limit) and self.queue.qsize() >= self.limit
+        return bool(self.limit) and len(self._items) >= self.limit
+
+    def push(self, event: epb.RunEvent) -> None:
+        """Queues an event whatever the buffer (for feeders that wait while `full`)."""
+        self._put(event)
+
+    def _put(self, item: epb.RunEvent | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def offer(self, event: epb.RunEvent, *, durable: bool) -> bool:
         """Hands a live event over without waiting; False when the stream had to end."""
@@ -56,7 +68,7 @@ class Subscription:
                 return True
             self.end(StreamOverflow(f"more than {self.limit} events pending"))
             return False
-        self.queue.put_nowait(event)
+        self._put(event)
         return True
 
     def end(self, error: RoundtableError | None = None) -> None:
@@ -66,13 +78,19 @@ class Subscription:
         self.closed = True
         if error is not None:
             self.error = error
-            while not self.queue.empty():
-                self.queue.get_nowait()
-        self.queue.put_nowait(_END)
+            self._items.clear()
+        self._put(_END)
 
     async def __aiter__(self) -> AsyncIterator[epb.RunEvent]:
+        items = self._items
         while True:
-            event = await self.queue.get()
+            while not items:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            event = items.popleft()
             if event is _END:
                 self.reached_end = self.error is None
                 return

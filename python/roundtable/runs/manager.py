@@ -334,7 +334,14 @@ class RunManager:
         sink = RunSink(live, self.store, first_seq=record.last_seq)
         request = live.request
         status = RunStatus.FAILED
-        keeper = asyncio.create_task(self._keep_lease(live), name=f"lease:{record.run_id}")
+        # Leases only matter where other replicas share the store; a SQLite file belongs to
+        # one process (start-up marks a dead one's runs), so renewing would be a task and a
+        # write every lease/3 per live run for nothing.
+        keeper = (
+            asyncio.create_task(self._keep_lease(live), name=f"lease:{record.run_id}")
+            if self.store.shared
+            else None
+        )
         if self.store.shared:
             live.stop.poller = lambda: self._remote_cancel(record)
         try:
@@ -422,7 +429,8 @@ class RunManager:
                 )
             status = RunStatus.FAILED
         finally:
-            keeper.cancel()
+            if keeper is not None:
+                keeper.cancel()
             sink.flush()
             # With the lease lost, another replica owns the run: it writes the record, not us.
             if not live.lease_lost:
@@ -513,7 +521,7 @@ class RunManager:
                 # The log keeps the events: wait for a slow reader instead of buffering.
                 while sub.full:  # noqa: ASYNC110 (polling a queue we do not own)
                     await asyncio.sleep(self.follow_poll_s)
-                sub.queue.put_nowait(event)
+                sub.push(event)
                 seen = event.seq
                 if event.WhichOneof("payload") in TERMINAL_KINDS:
                     sub.end()
@@ -536,7 +544,7 @@ class RunManager:
         """Hands on `source`'s events that `sink` has not had yet, then its end."""
         async for event in source:
             if event.WhichOneof("payload") == "assistant_delta" or event.seq > seen:
-                sink.queue.put_nowait(event)
+                sink.push(event)
         sink.end(source.error)
 
     # -- following, cancelling, describing --------------------------------------------------
