@@ -52,6 +52,7 @@ from roundtable.models.base import ChatResult as RtResult
 from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.server import running_server
 from roundtable.settings import load_settings
+from roundtable.telemetry import logs
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 
@@ -191,11 +192,7 @@ def raw_handler() -> grpc.GenericRpcHandler:
 
 async def main(argv: list[str]) -> None:
     settings = load_settings(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    writer = logs.configure(settings.log_level, sys.stderr)  # as `roundtable serve` does
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -230,6 +227,7 @@ async def main(argv: list[str]) -> None:
         log.warning("roundtable serving on 127.0.0.1:%d (bench flood server)", running.port)
         await stop.wait()
         await raw.stop(0)
+    writer.stop()
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ FULL = Config(
     b2_raw_messages=30_000,
     b2_paced_tokens=2_000,
     b2_paced_delay_ms=2.0,
-    b3_rates=(2, 4, 8, 16, 32, 64),
+    b3_rates=(2, 4, 8, 16, 32, 64, 128, 256),
     b3_step_s=20.0,
     b3_bisect=True,
     b4_runs=1_000,
@@ -1280,11 +1280,10 @@ async def main() -> int:
     selected = [b.strip().upper() for b in args.only.split(",") if b.strip()] or list(BENCHES)
     work = Path(tempfile.mkdtemp(prefix="rt-bench-"))
     # In-process baselines log like `roundtable serve` does (INFO: an audit line per call).
-    logging.basicConfig(
-        level=logging.INFO,
-        filename=str(work / "inprocess.log"),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from roundtable.telemetry import logs
+
+    log_file = (work / "inprocess.log").open("a", encoding="utf-8")
+    log_writer = logs.configure("INFO", log_file)
     result: dict[str, Any] = {
         "mode": "quick" if cfg.quick else "full",
         "config": dataclasses.asdict(cfg),
@@ -1309,6 +1308,8 @@ async def main() -> int:
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2, default=float))
+    log_writer.stop()
+    log_file.close()
     if args.keep or result["errors"]:
         print(f"[suite] work dir kept: {work}")
     else:

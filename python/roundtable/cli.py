@@ -3,30 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import logging.handlers
-import queue
 import sys
 from collections.abc import Sequence
 
-# Client libraries log request bodies (prompts) at DEBUG: keep them quiet whatever our level.
-_QUIET = ("openai", "httpx", "httpcore", "langchain", "langchain_core", "langgraph", "aiosqlite")
-
-
-def _configure_logging(level: str) -> logging.handlers.QueueListener:
-    """Logs to stderr from a background thread, so a log line (an audit record per model
-    attempt) never makes the event loop wait on a pipe. Returns the listener to stop."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    listener = logging.handlers.QueueListener(records, handler)
-    queued = logging.handlers.QueueHandler(records)
-    queued.setFormatter(logging.Formatter("%(message)s"))  # the listener's handler formats
-    logging.basicConfig(level=level.upper(), handlers=[queued])
-    for name in _QUIET:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    listener.start()
-    return listener
+from roundtable.telemetry import logs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,11 +18,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from roundtable.settings import load_settings
 
         settings = load_settings(args)
-        listener = _configure_logging(settings.log_level)
+        # Batched from a background thread: an audit line never makes the loop wait.
+        writer = logs.configure(settings.log_level, sys.stderr)
         try:
             asyncio.run(serve(settings))
         finally:
-            listener.stop()  # flushes what is queued
+            writer.stop()  # writes what is queued
         return 0
     if command == "chat":
         from roundtable.chat import run_chat

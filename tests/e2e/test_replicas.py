@@ -176,13 +176,14 @@ async def test_two_replicas_never_run_one_run_at_once(shared_store: str, tmp_pat
                 collect(a.stub(a_channel).StartRun(request)),
                 collect(b.stub(b_channel).StartRun(request)),
             )
-        executions = sum(len(of_kind(r, "run_started")) for r in results)
-        assert executions == 2, "both streams see the run start once (one runs, one follows)"
-        runs = [r for r in (a.audit() + b.audit()) if r["caller_node"] == "dispatch"]
-        assert len(runs) == 6, "six speakers, each called once, on one replica"
-        for events in results:
-            assert [f.reply_id for f in finals(events)] == [f"rep-3#{i}" for i in range(6)]
-            assert isinstance(events[-1], epb.RunEvent) and kinds(events)[-1] == "run_completed"
     finally:
+        # Stopped first: a replica writes its log lines in batches, all of them by its exit.
         await a.stop()
         await b.stop()
+    executions = sum(len(of_kind(r, "run_started")) for r in results)
+    assert executions == 2, "both streams see the run start once (one runs, one follows)"
+    runs = [r for r in (a.audit() + b.audit()) if r["caller_node"] == "dispatch"]
+    assert len(runs) == 6, "six speakers, each called once, on one replica"
+    for events in results:
+        assert [f.reply_id for f in finals(events)] == [f"rep-3#{i}" for i in range(6)]
+        assert isinstance(events[-1], epb.RunEvent) and kinds(events)[-1] == "run_completed"

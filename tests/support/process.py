@@ -89,11 +89,20 @@ class ServerProcess:
         return code
 
     async def stop(self) -> None:
-        """Ends the process if it still runs, and waits for it."""
+        """Ends the process if it still runs (SIGTERM, then SIGKILL after 15 s), and waits.
+
+        The graceful stop lets the server write the log lines it still holds (it writes them
+        in batches), so `audit()` afterwards sees every record.
+        """
         if self.proc is None:
             return
         if self.proc.returncode is None:
-            self.kill()
+            self.terminate()
+            try:
+                await self.wait(15.0)
+                return
+            except TimeoutError:
+                self.kill()
         await self.wait()
 
     def audit(self) -> list[dict[str, object]]:

@@ -1,0 +1,62 @@
+"""Batched log output: every record arrives, in order, formatted, and stop() drains."""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+
+from roundtable.telemetry.logs import BatchWriter
+
+
+class CountingStream(io.StringIO):
+    """A text stream that counts its writes (one per batch) and flushes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self.writes += 1
+            return super().write(text)
+
+
+def _logger(writer: BatchWriter, name: str) -> logging.Logger:
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.handlers[:] = [writer.handler()]
+    logger.setLevel(logging.INFO)
+    return logger
+
+
+def test_records_are_written_in_order_in_few_writes_and_stop_drains() -> None:
+    stream = CountingStream()
+    writer = BatchWriter(stream, logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    writer.start()
+    log = _logger(writer, "rt.test.batch")
+    for i in range(200):
+        log.info("line %d of %s", i, "many")
+    writer.stop()
+    lines = stream.getvalue().splitlines()
+    assert lines == [f"INFO rt.test.batch line {i} of many" for i in range(200)]
+    assert stream.writes < 20, "records that come together are written together"
+
+
+def test_the_message_is_rendered_when_logged_and_exceptions_are_kept() -> None:
+    stream = CountingStream()
+    writer = BatchWriter(stream, logging.Formatter("%(message)s"))
+    writer.start()
+    log = _logger(writer, "rt.test.render")
+    state = {"value": "before"}
+    log.info("state=%s", state)
+    state["value"] = "after"  # a later change must not reach the line already logged
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("failed")
+    writer.stop()
+    text = stream.getvalue()
+    assert "state={'value': 'before'}" in text
+    assert "failed" in text and "ValueError: boom" in text
