@@ -11,7 +11,9 @@ import grpc
 import pytest
 from roundtable.graph.nodes.propose_memory import MemoryProposals
 from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep
+from roundtable.runs.manager import checkpoint_thread
 from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
 from support.builders import collect, finals, kinds, member, model_ref, of_kind, start_request
@@ -229,6 +231,61 @@ async def test_supervisor_rounds_until_converged_within_budget(start_server) -> 
     assert [f.step for f in finals(events)] == [0, 1]
     completed = of_kind(events, "run_completed")[0].run_completed
     assert completed.rounds == 2 and not completed.converged
+
+
+async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server) -> None:
+    # Round 1 is stopped after its speakers; the supervisor had asked for another round.
+    # The resumed run must hold that round, without asking about round 1 again.
+    model = ScriptedProvider(
+        reply=lambda call, attempt: "a considered reply",
+        token_delay_s=0.02,
+        plan=_director(
+            [
+                SupervisorPlan(
+                    steps=[
+                        SupervisorStep(member_id="b", task="Open."),
+                        SupervisorStep(member_id="c", task="Build on it."),
+                    ],
+                    converged=False,
+                ),
+                SupervisorPlan(
+                    steps=[SupervisorStep(member_id="d", task="Close.")], converged=True
+                ),
+            ]
+        ),
+    )
+    request = start_request(
+        "let's discuss the plan",
+        run_id="verdict-1",
+        default_model=model_ref("scripted", "director"),
+        budgets=spb.Budgets(max_rounds=3),
+    )
+    async with (
+        start_server(providers={"scripted": model}) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        call = stub.StartRun(request)
+        first: list[epb.RunEvent] = []
+        async for response in call:
+            first.append(response.event)
+            if kinds(first)[-1] == "speaker_started" and first[-1].speaker_started.step == 1:
+                await stub.CancelRun(pb.CancelRunRequest(run_id="verdict-1", tenant="tenant-1"))
+        # As after a SIGKILL under the default durability: no checkpoint, only the event log.
+        await server.store.checkpointer.adelete_thread(checkpoint_thread("tenant-1", "verdict-1"))
+        resumed = await collect(stub.StartRun(request))
+
+    assert [f.member_id for f in finals(first)] == ["b", "c"], "the round's speakers finish"
+    assert kinds(first)[-1] == "run_cancelled"
+    (round_1,) = [e.plan_created for e in of_kind(first, "plan_created")]
+    assert round_1.round == 1 and not round_1.converged
+    assert resumed[0].run_started.resumed
+    (round_2,) = [e.plan_created for e in of_kind(resumed, "plan_created")]
+    assert round_2.round == 2 and round_2.converged
+    assert [f.member_id for f in finals(resumed)] == ["d"]
+    completed = of_kind(resumed, "run_completed")[0].run_completed
+    assert completed.rounds == 2 and completed.converged
+    assert model.schema_calls("SupervisorPlan") == 2, "round 1 was not planned again"
 
 
 @pytest.mark.parametrize(

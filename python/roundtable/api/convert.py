@@ -221,6 +221,7 @@ _SOURCE = {
     PlanSource.FALLBACK: epb.PLAN_SOURCE_FALLBACK,
     PlanSource.CONTINUED: epb.PLAN_SOURCE_CONTINUED,
 }
+_SOURCE_FROM_PROTO: dict[int, PlanSource] = {int(v): k for k, v in _SOURCE.items()}
 _FINISH = {
     ev.FinishReason.STOP: epb.FINISH_REASON_STOP,
     ev.FinishReason.LENGTH: epb.FINISH_REASON_LENGTH,
@@ -253,6 +254,11 @@ def plan_steps_to_proto(steps: Sequence[PlanStep]) -> list[epb.PlanStep]:
         )
         for s in steps
     ]
+
+
+def plan_source_from_proto(source: int) -> PlanSource:
+    """The domain value of a logged plan's source (DETERMINISTIC when unknown)."""
+    return _SOURCE_FROM_PROTO.get(source, PlanSource.DETERMINISTIC)
 
 
 def plan_step_from_proto(step: epb.PlanStep) -> PlanStep:
@@ -292,6 +298,7 @@ def event_to_proto(run_id: str, seq: int, emitted_at: float, event: ev.Event) ->
             p.steps.extend(plan_steps_to_proto(event.steps))
             p.round = event.round
             p.continued_run_id = event.continued_run_id
+            p.converged = event.converged
         case ev.SpeakerStarted():
             s = out.speaker_started
             s.step, s.member_id, s.reply_id, s.attempt = (

@@ -60,6 +60,8 @@ class PlanCreated:
     round: int
     fallback_reason: str = ""
     continued_run_id: str = ""
+    converged: bool = True
+    """False when the supervisor asked for another round after this one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

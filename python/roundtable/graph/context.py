@@ -16,7 +16,7 @@ from typing import Protocol
 from opentelemetry import trace
 
 from roundtable.domain.events import Event
-from roundtable.domain.plan import PlanStep
+from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
@@ -82,10 +82,16 @@ class Prior:
     rounds: int = 0
     memory_proposed: bool = False
     """Whether memory_proposed is already in the log (it is not emitted twice)."""
+    verdicts: Mapping[int, tuple[PlanSource, bool]] = field(default_factory=dict)
+    """round -> (who planned it, whether the discussion was finished after it)."""
 
     def planned(self, round_no: int) -> list[PlanStep]:
         """The steps of a round already planned (and announced) by an earlier execution."""
         return [s for s in self.steps if s.round == round_no]
+
+    def verdict(self, round_no: int) -> tuple[PlanSource, bool]:
+        """Who planned a logged round and whether more rounds were wanted after it."""
+        return self.verdicts.get(round_no, (PlanSource.DETERMINISTIC, True))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -369,6 +369,7 @@ class RunManager:
                     finished=dict(live.progress.finished),
                     rounds=live.progress.rounds,
                     memory_proposed=live.progress.memory_proposed,
+                    verdicts=dict(live.progress.verdicts),
                 ),
                 continuation=launch.continuation,
                 settings=self.graph_settings,

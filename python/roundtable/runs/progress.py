@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 
-from roundtable.api.convert import plan_step_from_proto
-from roundtable.domain.plan import PlanStep
+from roundtable.api.convert import plan_source_from_proto, plan_step_from_proto
+from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.v1 import events_pb2 as epb
 
 
@@ -23,12 +23,21 @@ class Progress:
     """reply_id -> final content, or None when the speaker failed."""
     rounds: int = 0
     memory_proposed: bool = False
+    verdicts: dict[int, tuple[PlanSource, bool]] = field(default_factory=dict)
+    """round -> (who planned it, whether the discussion was finished after it)."""
 
     def observe(self, event: epb.RunEvent) -> None:
         """Updates the progress with one durable event."""
         kind = event.WhichOneof("payload")
         if kind == "plan_created":
-            self.rounds = max(self.rounds, event.plan_created.round)
+            plan = event.plan_created
+            self.rounds = max(self.rounds, plan.round)
+            source = plan_source_from_proto(plan.source)
+            # Only the supervisor asks for more rounds; any other plan is final.
+            self.verdicts[plan.round] = (
+                source,
+                plan.converged if source is PlanSource.SUPERVISOR else True,
+            )
             known = {s.reply_id for s in self.steps}
             self.steps.extend(
                 plan_step_from_proto(s) for s in event.plan_created.steps if s.reply_id not in known

@@ -117,20 +117,22 @@ class RunStarted(_message.Message):
     def __init__(self, route: _Optional[_Union[Route, str]] = ..., resumed: _Optional[bool] = ..., thread_id: _Optional[str] = ...) -> None: ...
 
 class PlanCreated(_message.Message):
-    __slots__ = ("directive", "source", "fallback_reason", "steps", "round", "continued_run_id")
+    __slots__ = ("directive", "source", "fallback_reason", "steps", "round", "continued_run_id", "converged")
     DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CONTINUED_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CONVERGED_FIELD_NUMBER: _ClassVar[int]
     directive: DirectiveKind
     source: PlanSource
     fallback_reason: str
     steps: _containers.RepeatedCompositeFieldContainer[PlanStep]
     round: int
     continued_run_id: str
-    def __init__(self, directive: _Optional[_Union[DirectiveKind, str]] = ..., source: _Optional[_Union[PlanSource, str]] = ..., fallback_reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[PlanStep, _Mapping]]] = ..., round: _Optional[int] = ..., continued_run_id: _Optional[str] = ...) -> None: ...
+    converged: bool
+    def __init__(self, directive: _Optional[_Union[DirectiveKind, str]] = ..., source: _Optional[_Union[PlanSource, str]] = ..., fallback_reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[PlanStep, _Mapping]]] = ..., round: _Optional[int] = ..., continued_run_id: _Optional[str] = ..., converged: _Optional[bool] = ...) -> None: ...
 
 class PlanStep(_message.Message):
     __slots__ = ("index", "member_id", "reply_id", "task", "token_budget", "round", "count_off_number")

@@ -691,8 +691,13 @@ type PlanCreated struct {
 	Round uint32 `protobuf:"varint,5,opt,name=round,proto3" json:"round,omitempty"`
 	// For a continue directive: the run whose steps are continued.
 	ContinuedRunId string `protobuf:"bytes,6,opt,name=continued_run_id,json=continuedRunId,proto3" json:"continued_run_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Whether the discussion is finished after this round. A SUPERVISOR plan
+	// carries the supervisor's own verdict (false: it asks for another round,
+	// within the session's round and speaker budgets); every other plan is
+	// final (true). A resumed run keeps this verdict instead of asking again.
+	Converged     bool `protobuf:"varint,7,opt,name=converged,proto3" json:"converged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlanCreated) Reset() {
@@ -765,6 +770,13 @@ func (x *PlanCreated) GetContinuedRunId() string {
 		return x.ContinuedRunId
 	}
 	return ""
+}
+
+func (x *PlanCreated) GetConverged() bool {
+	if x != nil {
+		return x.Converged
+	}
+	return false
 }
 
 // PlanStep is one speaker's turn in a plan.
@@ -1794,14 +1806,15 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"RunStarted\x12*\n" +
 	"\x05route\x18\x01 \x01(\x0e2\x14.roundtable.v1.RouteR\x05route\x12\x18\n" +
 	"\aresumed\x18\x02 \x01(\bR\aresumed\x12\x1b\n" +
-	"\tthread_id\x18\x03 \x01(\tR\bthreadId\"\x94\x02\n" +
+	"\tthread_id\x18\x03 \x01(\tR\bthreadId\"\xb2\x02\n" +
 	"\vPlanCreated\x12:\n" +
 	"\tdirective\x18\x01 \x01(\x0e2\x1c.roundtable.v1.DirectiveKindR\tdirective\x121\n" +
 	"\x06source\x18\x02 \x01(\x0e2\x19.roundtable.v1.PlanSourceR\x06source\x12'\n" +
 	"\x0ffallback_reason\x18\x03 \x01(\tR\x0efallbackReason\x12-\n" +
 	"\x05steps\x18\x04 \x03(\v2\x17.roundtable.v1.PlanStepR\x05steps\x12\x14\n" +
 	"\x05round\x18\x05 \x01(\rR\x05round\x12(\n" +
-	"\x10continued_run_id\x18\x06 \x01(\tR\x0econtinuedRunId\"\xcf\x01\n" +
+	"\x10continued_run_id\x18\x06 \x01(\tR\x0econtinuedRunId\x12\x1c\n" +
+	"\tconverged\x18\a \x01(\bR\tconverged\"\xcf\x01\n" +
 	"\bPlanStep\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x19\n" +

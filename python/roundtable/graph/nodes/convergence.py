@@ -13,7 +13,7 @@ from langgraph.types import Command
 
 from roundtable.domain.plan import PlanSource
 from roundtable.domain.snapshot import Budgets
-from roundtable.graph.context import GraphContext
+from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.state import ConversationState
 
 Destination = Literal["supervisor", "propose_memory"]
@@ -38,5 +38,12 @@ async def convergence(
     `converged` stays the supervisor's own verdict, so a discussion cut short by its
     budget is reported as not converged.
     """
-    more = another_round(state, runtime.context.request.snapshot.session.budgets)
+    ctx = runtime.context
+    more = another_round(state, ctx.request.snapshot.session.budgets)
+    if more:
+        # Between rounds is a speaker boundary too: a stop asked for during the round ends
+        # the run here, before the supervisor is asked for the next one (a resume asks it).
+        await ctx.stop.refresh()
+        if ctx.stop.requested:
+            raise Drained(ctx.stop.reason)
     return Command(update={"another_round": more}, goto="supervisor" if more else "propose_memory")

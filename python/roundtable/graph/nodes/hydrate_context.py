@@ -32,13 +32,18 @@ async def hydrate_context(
         for step in prior.steps
         if step.reply_id in prior.finished
     ]
+    # The last logged round's planner and verdict: a resumed discussion whose supervisor
+    # asked for another round still gets it.
+    source, converged = prior.verdict(prior.rounds)
     state = ConversationState(
         route=Route.SINGLE if snapshot.session.kind is SessionKind.SINGLE else Route.GROUP,
         round=prior.rounds,
-        converged=True,
+        converged=converged,
         input_tokens=0,
         output_tokens=0,
     )
+    if prior.rounds:
+        state["source"] = source.value
     if prior.steps:
         # Only a resumed run brings steps and replies: writing them empty would make a
         # fresh run's start a checkpoint boundary (store/checkpoints.py) for nothing.

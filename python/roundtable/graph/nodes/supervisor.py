@@ -79,12 +79,13 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
     already = ctx.prior.planned(round_no)
     if already:
         # This round's plan is in the log from an earlier execution: no second model call,
-        # no second plan_created.
+        # no second plan_created, and the verdict the supervisor gave then.
+        source, converged = ctx.prior.verdict(round_no)
         return {
             "steps": [*steps_so_far, *(step_to_dict(s) for s in already)],
             "round": round_no,
-            "converged": True,
-            "source": PlanSource.SUPERVISOR.value,
+            "converged": converged,
+            "source": source.value,
         }
     ref = snapshot.session.default_model
     reason = ""
@@ -144,6 +145,7 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
             steps=tuple(steps),
             round=round_no,
             fallback_reason=reason,
+            converged=converged,
         )
     )
     return {
