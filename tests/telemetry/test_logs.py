@@ -6,7 +6,7 @@ import io
 import logging
 import threading
 
-from roundtable.telemetry.logs import BatchWriter
+from roundtable.telemetry.logs import BatchWriter, StreamTeardownNoise
 
 
 class CountingStream(io.StringIO):
@@ -60,3 +60,26 @@ def test_the_message_is_rendered_when_logged_and_exceptions_are_kept() -> None:
     text = stream.getvalue()
     assert "state={'value': 'before'}" in text
     assert "failed" in text and "ValueError: boom" in text
+
+
+def _detach_failure(context: BaseException | None) -> logging.LogRecord:
+    """The record OpenTelemetry logs when a context token is reset in another Context."""
+    error = ValueError("<Token var=...> was created in a different Context")
+    error.__context__ = context  # what was being handled when the reset failed
+    return logging.LogRecord(
+        "opentelemetry.context",
+        logging.ERROR,
+        __file__,
+        1,
+        "Failed to detach context",
+        None,
+        (ValueError, error, None),
+    )
+
+
+def test_only_the_stream_teardown_detach_failure_is_dropped() -> None:
+    noise = StreamTeardownNoise()
+    assert not noise.filter(_detach_failure(GeneratorExit())), "a dropped stream: not logged"
+    assert noise.filter(_detach_failure(None)), "any other detach failure is still logged"
+    other = logging.LogRecord("opentelemetry.context", logging.ERROR, __file__, 1, "x", None, None)
+    assert noise.filter(other)

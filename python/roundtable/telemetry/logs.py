@@ -38,8 +38,33 @@ def configure(level: str, stream: TextIO) -> BatchWriter:
     logging.basicConfig(level=level.upper(), handlers=[writer.handler()], force=True)
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("opentelemetry.context").addFilter(StreamTeardownNoise())
     writer.start()
     return writer
+
+
+class StreamTeardownNoise(logging.Filter):
+    """Drops OpenTelemetry's "Failed to detach context" error for an abandoned stream.
+
+    When a client drops a StartRun or StreamRun stream, grpc.aio may leave the handler's
+    response generator suspended, and Python then closes it from another asyncio Context.
+    The OpenTelemetry gRPC interceptor's span is still ended, but resetting its context
+    token there fails, and the library logs ERROR tracebacks for what is a normal
+    disconnect (open-telemetry/opentelemetry-python-contrib#2357; the grpc side is
+    grpc/grpc#42295). Only that case is dropped: a detach failure whose exception arose
+    while a generator was being closed.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False (drop) for the generator-teardown detach failure only."""
+        if record.msg != "Failed to detach context" or not record.exc_info:
+            return True
+        error = record.exc_info[1]
+        return not (
+            isinstance(error, ValueError)
+            and "different Context" in str(error)
+            and isinstance(error.__context__, GeneratorExit)
+        )
 
 
 class BatchWriter:
