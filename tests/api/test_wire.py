@@ -32,6 +32,9 @@ def test_the_snapshot_bytes_are_those_received() -> None:
     assert received.snapshot_wire is not None
     assert bytes(received.snapshot_wire) == request.snapshot.SerializeToString()
     assert received.message == request
+    # Once converted, the servicer lets the parsed request go for the rest of the stream.
+    received.release()
+    assert received.message.ByteSize() == 0 and received.snapshot_wire is None
 
 
 def test_the_fingerprint_is_the_same_off_the_wire_and_in_process() -> None:

@@ -89,17 +89,18 @@ class ServerProcess:
         return code
 
     async def stop(self) -> None:
-        """Ends the process if it still runs (SIGTERM, then SIGKILL after 15 s), and waits.
+        """Ends the process if it still runs (SIGTERM, then SIGKILL after 3 s), and waits.
 
         The graceful stop lets the server write the log lines it still holds (it writes them
-        in batches), so `audit()` afterwards sees every record.
+        in batches), so `audit()` afterwards sees every record; a server still draining a
+        live run after 3 s is killed, as a test's leftover run is of no interest.
         """
         if self.proc is None:
             return
         if self.proc.returncode is None:
             self.terminate()
             try:
-                await self.wait(15.0)
+                await self.wait(3.0)
                 return
             except TimeoutError:
                 self.kill()

@@ -100,12 +100,15 @@ class OrchestratorServicer:
         run_request = convert.run_request_from_proto(
             received, limits=self.limits, defaults=self.budgets
         )
+        credentials = dict(request.credentials)
+        del request
+        received.release()
         # The RPC span (made by the OpenTelemetry interceptor before the request was parsed)
         # gets the correlation attributes too.
         trace.get_current_span().set_attributes(run_correlation(run_request.context, "StartRun"))
         try:
             self.auth.authorize_start(context, run_request.context.tenant)
-            subscription = await self.manager.start(run_request, dict(request.credentials))
+            subscription = await self.manager.start(run_request, credentials)
         except RoundtableError as exc:
             await _abort(context, exc)
         tenant, run_id = run_request.context.tenant, run_request.context.run_id

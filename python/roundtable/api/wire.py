@@ -23,9 +23,10 @@ from roundtable.v1 import orchestrator_service_pb2 as pb
 
 _SNAPSHOT_FIELD = pb.StartRunRequest.DESCRIPTOR.fields_by_name["snapshot"].number
 _LEN = 2  # wire type of length-delimited fields (messages, strings, map entries)
+_EMPTY = pb.StartRunRequest()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReceivedStartRun:
     """A parsed StartRunRequest with its wire size and the span of its snapshot's bytes."""
 
@@ -33,6 +34,16 @@ class ReceivedStartRun:
     wire_size: int
     snapshot_wire: memoryview | None = None
     """The snapshot field's bytes as received; None when they cannot stand for it."""
+
+    def release(self) -> None:
+        """Lets go of the parsed request once it is converted.
+
+        gRPC keeps the request object for as long as the response stream lasts, which
+        for a run parked in a model call is minutes; the domain request holds what the
+        run needs (a history window, not the whole history).
+        """
+        self.message = _EMPTY
+        self.snapshot_wire = None
 
     @classmethod
     def parse(cls, data: bytes) -> ReceivedStartRun:
