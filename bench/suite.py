@@ -87,7 +87,7 @@ FULL = Config(
     b4_runs=1_000,
     b4_reps=5,
     b5_reps=5,
-    b5_turns=10,
+    b5_turns=20,
     b6_reps=5,
 )
 
