@@ -752,45 +752,21 @@ async def bench_b2(cfg: Config, work: Path) -> dict[str, Any]:
         "paced_latency_p50_ms": fig("paced_langchain", "p50_ms", "ms"),
         "paced_latency_p99_ms": fig("paced_langchain", "p99_ms", "ms"),
     }
-    ratio = [
-        f["tokens_per_s"] / r["messages_per_s"]
-        for f, r in zip(runs["flood_langchain"], runs["raw"], strict=True)
-    ]
-    ratio_native = [
-        f["tokens_per_s"] / r["messages_per_s"]
-        for f, r in zip(runs["flood_native"], runs["raw"], strict=True)
-    ]
+
+    def paired(name: str, base: str, key: str) -> dict[str, Any]:
+        """tokens/s of each `name` run ÷ `key` of the `base` run measured just before it."""
+        pairs = zip(runs[name], runs[base], strict=True)
+        return summary([f["tokens_per_s"] / b[key] for f, b in pairs], "x")
+
     out["model_alone_langchain_tokens_per_s"] = fig("alone", "langchain", "tokens/s")
     out["model_alone_native_tokens_per_s"] = fig("alone", "native", "tokens/s")
-    out["streamed_vs_model_alone_langchain"] = summary(
-        [
-            f["tokens_per_s"] / a["langchain"]
-            for f, a in zip(runs["flood_langchain"], runs["alone"], strict=True)
-        ],
-        "x",
-    )
-    out["streamed_vs_model_alone_native"] = summary(
-        [
-            f["tokens_per_s"] / a["native"]
-            for f, a in zip(runs["flood_native"], runs["alone"], strict=True)
-        ],
-        "x",
-    )
-    out["ratio_langchain_vs_raw"] = summary(ratio, "x")
-    out["ratio_native_vs_raw"] = summary(ratio_native, "x")
-    out["ratio_native_whole_reads_vs_raw"] = summary(
-        [
-            f["tokens_per_s"] / r["messages_per_s"]
-            for f, r in zip(runs["flood_native_whole_reads"], runs["raw"], strict=True)
-        ],
-        "x",
-    )
-    out["ratio_native_reads_vs_raw"] = summary(
-        [
-            f["tokens_per_s"] / r["messages_per_s"]
-            for f, r in zip(runs["flood_native_reads"], runs["raw"], strict=True)
-        ],
-        "x",
+    out["streamed_vs_model_alone_langchain"] = paired("flood_langchain", "alone", "langchain")
+    out["streamed_vs_model_alone_native"] = paired("flood_native", "alone", "native")
+    out["ratio_langchain_vs_raw"] = paired("flood_langchain", "raw", "messages_per_s")
+    out["ratio_native_vs_raw"] = paired("flood_native", "raw", "messages_per_s")
+    out["ratio_native_reads_vs_raw"] = paired("flood_native_reads", "raw", "messages_per_s")
+    out["ratio_native_whole_reads_vs_raw"] = paired(
+        "flood_native_whole_reads", "raw", "messages_per_s"
     )
     return {
         "figures": out,

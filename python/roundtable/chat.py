@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -104,7 +106,27 @@ def run_chat(argv: Sequence[str]) -> int:
     parser.add_argument("--thread", default="demo-thread", help="thread id")
     parser.add_argument("--run-id", default="", help="run id (default: a new one)")
     parser.add_argument("--tenant", default="demo")
+    parser.add_argument(
+        "--token-file",
+        help="a file holding the bearer token to send (or set ROUNDTABLE_CHAT_TOKEN)",
+    )
+    parser.add_argument("--tls-ca-file", help="PEM roots to trust: connect with TLS")
+    parser.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
+    parser.add_argument("--tls-key-file", help="PEM key of the client certificate")
     args = parser.parse_args(list(argv))
+    token = os.environ.get("ROUNDTABLE_CHAT_TOKEN", "")
+    if args.token_file:
+        token = Path(args.token_file).read_text("utf-8").strip()
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        parser.error("--tls-cert-file and --tls-key-file go together")
+    if args.tls_cert_file and not args.tls_ca_file:
+        parser.error("--tls-cert-file needs --tls-ca-file")
+    security = ClientSecurity(
+        token=token,
+        ca=Path(args.tls_ca_file).read_bytes() if args.tls_ca_file else None,
+        cert=Path(args.tls_cert_file).read_bytes() if args.tls_cert_file else None,
+        key=Path(args.tls_key_file).read_bytes() if args.tls_key_file else None,
+    )
     text = " ".join(args.text)
     if args.snapshot:
         snapshot = json_format.Parse(Path(args.snapshot).read_text("utf-8"), spb.Snapshot())
@@ -121,17 +143,53 @@ def run_chat(argv: Sequence[str]) -> int:
         snapshot=snapshot,
     )
     print(f"you: {snapshot.user_turn.text}")
-    return asyncio.run(send_turn(args.target, request, names, sys.stdout))
+    return asyncio.run(send_turn(args.target, request, names, sys.stdout, security=security))
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How `roundtable chat` proves who it is: a bearer token, TLS, a client certificate."""
+
+    token: str = ""
+    ca: bytes | None = None
+    """PEM roots to trust; None for a plaintext channel."""
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    def channel(self, target: str) -> grpc.aio.Channel:
+        """A channel to `target`: TLS when roots are given, with the token as call credentials."""
+        if self.ca is None:
+            return grpc.aio.insecure_channel(target)
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+        if self.token:
+            credentials = grpc.composite_channel_credentials(
+                credentials, grpc.access_token_call_credentials(self.token)
+            )
+        return grpc.aio.secure_channel(target, credentials)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Per-call metadata: the token, on a plaintext channel (TLS carries it itself)."""
+        if self.token and self.ca is None:
+            return (("authorization", f"Bearer {self.token}"),)
+        return ()
 
 
 async def send_turn(
-    target: str, request: pb.StartRunRequest, names: dict[str, str], out: TextIO
+    target: str,
+    request: pb.StartRunRequest,
+    names: dict[str, str],
+    out: TextIO,
+    *,
+    security: ClientSecurity | None = None,
 ) -> int:
     """Streams one StartRun and renders it; returns the exit code."""
-    async with grpc.aio.insecure_channel(target) as channel:
+    security = security or ClientSecurity()
+    async with security.channel(target) as channel:
         stub = pb_grpc.OrchestratorServiceStub(channel)
         try:
-            async for response in stub.StartRun(request):
+            async for response in stub.StartRun(request, metadata=security.metadata()):
                 render(response.event, names, out)
         except grpc.aio.AioRpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)

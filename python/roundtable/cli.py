@@ -36,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(
         "usage: roundtable serve [--listen HOST:PORT] [--store URL] [...]  (roundtable serve --help)\n"
-        "       roundtable chat [--target HOST:PORT] [--snapshot FILE] [--kind group|single] TEXT\n"
+        "       roundtable chat [--target HOST:PORT] [--snapshot FILE] [--kind group|single]\n"
+        "                       [--token-file F] [--tls-ca-file F [--tls-cert-file F --tls-key-file F]] TEXT\n"
         "       roundtable graph   (prints the conversation graph as Mermaid)",
         file=sys.stderr if command != "help" else sys.stdout,
     )

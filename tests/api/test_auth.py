@@ -8,6 +8,7 @@ address without caller authentication.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import secrets
@@ -25,6 +26,7 @@ from grpc_status import rpc_status
 from roundtable.api import auth
 from roundtable.api.auth import Authenticator, parse_tenant_map, read_token_file
 from roundtable.api.tls import is_loopback, server_credentials
+from roundtable.chat import ClientSecurity, send_turn
 from roundtable.domain.errors import InvalidSettings
 from roundtable.server import RunningServer
 from roundtable.settings import Settings
@@ -541,3 +543,47 @@ def test_contradictory_security_settings_are_refused(tmp_path: Path) -> None:
 )
 def test_only_loopback_hosts_count_as_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+async def test_roundtable_chat_sends_its_token_over_tls_and_its_certificate(
+    start_server, pki: Pki, tokens: Tokens, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = {"a": "Alice", "b": "Bob", "c": "Carol", "d": "Dave"}
+    with_token = ClientSecurity(token=tokens.alpha, ca=pki.ca.root.cert)
+    async with start_server(
+        auth_tokens=tokens.setting, **tls_settings(pki, mutual=False)
+    ) as server:
+        out = io.StringIO()
+        request = start_request("报数", tenant="tenant-a", run_id="chat-tls-1")
+        assert await send_turn(server.address, request, names, out, security=with_token) == 0
+        assert all(reply in out.getvalue() for reply in COUNT_OFF)
+
+        # Without the token the server turns the chat away, and the chat says why.
+        request = start_request("报数", tenant="tenant-a", run_id="chat-tls-2")
+        no_token = ClientSecurity(ca=pki.ca.root.cert)
+        assert (
+            await send_turn(server.address, request, names, io.StringIO(), security=no_token) == 1
+        )
+        assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+    async with start_server(
+        auth_certificate_tenants="gateway-1=tenant-a", **tls_settings(pki, mutual=True)
+    ) as server:
+        certificate = ClientSecurity(
+            ca=pki.ca.root.cert, cert=pki.gateway.cert, key=pki.gateway.key
+        )
+        request = start_request("报数", tenant="tenant-a", run_id="chat-mtls-1")
+        out = io.StringIO()
+        assert await send_turn(server.address, request, names, out, security=certificate) == 0
+        assert "4!" in out.getvalue()
+
+
+async def test_roundtable_chat_sends_its_token_in_plaintext_to_a_loopback_server(
+    start_server, tokens: Tokens
+) -> None:
+    async with start_server(auth_tokens=tokens.setting) as server:
+        request = start_request("报数", tenant="tenant-a", run_id="chat-plain-1")
+        out = io.StringIO()
+        security = ClientSecurity(token=tokens.alpha)
+        assert await send_turn(server.address, request, {}, out, security=security) == 0
+        assert "4!" in out.getvalue()
