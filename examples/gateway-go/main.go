@@ -28,7 +28,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -39,6 +38,7 @@ type options struct {
 	db                               string
 	dropAfter                        int
 	timeout                          time.Duration
+	security                         security
 }
 
 // Summary is the machine-readable last line of the output (`SUMMARY {...}`).
@@ -76,6 +76,10 @@ func main() {
 	flag.StringVar(&o.db, "db", "gateway-db.json", "the gateway's store, a JSON file")
 	flag.IntVar(&o.dropAfter, "drop-after", 0, "test hook: close the StartRun stream after N durable events, then re-attach")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline for the whole turn")
+	flag.StringVar(&o.security.tokenFile, "token-file", "", "a file holding the bearer token (or set ROUNDTABLE_TOKEN)")
+	flag.StringVar(&o.security.caFile, "tls-ca", "", "PEM roots to trust: connect with TLS")
+	flag.StringVar(&o.security.certFile, "tls-cert", "", "PEM client certificate (mutual TLS)")
+	flag.StringVar(&o.security.keyFile, "tls-key", "", "PEM key of the client certificate")
 	flag.Parse()
 	os.Exit(run(o))
 }
@@ -122,10 +126,13 @@ func run(o options) int {
 	}
 	summary.RetriedRun, summary.ThreadID = retried, request.GetContext().GetThreadId()
 
-	conn, err := grpc.NewClient(o.target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	dial, err := o.security.dialOptions()
+	if err != nil {
+		return fail(&summary, err)
+	}
+	conn, err := grpc.NewClient(o.target, append(dial,
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler()), // a span per RPC, traceparent + baggage out
-	)
+	)...)
 	if err != nil {
 		return fail(&summary, err)
 	}
