@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import fields, replace
 
 import pytest
 from roundtable.domain.errors import CircuitOpen, ModelRejected, ModelUnavailable
@@ -144,3 +145,22 @@ async def test_breaker_opens_skips_the_target_and_a_half_open_probe_closes_it() 
     provider.script["primary"] = []
     assert (await h.call(request(BACKUP))).model == "fake/primary"
     assert breaker.state is BreakerState.CLOSED
+
+
+def test_a_request_bound_for_an_attempt_keeps_every_other_field() -> None:
+    # with_attempt spells the fields out (for speed): a field added to ModelRequest later
+    # must not be dropped on the way through failover and retry.
+    original = replace(
+        request(ModelTarget(provider="offline", model="backup")),
+        credentials={"k": "v"},
+        on_text=lambda _text: None,
+        on_restart=lambda: None,
+    )
+    target = ModelTarget(provider="offline", model="other")
+    sink = lambda _text: None  # noqa: E731
+    bound = original.with_attempt(target=target, attempt=3, on_text=sink)
+    changed = {"target", "attempt", "on_text"}
+    for f in fields(ModelRequest):
+        if f.name not in changed:
+            assert getattr(bound, f.name) is getattr(original, f.name), f.name
+    assert (bound.target, bound.attempt, bound.on_text) == (target, 3, sink)

@@ -9,7 +9,6 @@ attempt.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -93,8 +92,8 @@ class RetryLayer:
 
         retry = 0
         while True:
-            attempt = dataclasses.replace(
-                request,
+            attempt = request.with_attempt(
+                target=request.target,
                 attempt=request.attempt + retry,
                 on_text=track if on_text is not None else None,
             )
@@ -149,7 +148,9 @@ class FailoverLayer:
         for target in targets:
             try:
                 return await self.next(
-                    dataclasses.replace(request, target=target, attempt=request.attempt + attempts)
+                    request.with_attempt(
+                        target=target, attempt=request.attempt + attempts, on_text=request.on_text
+                    )
                 )
             except ModelError as exc:
                 # A 4xx or an invalid answer is the request's fault: another model won't help.

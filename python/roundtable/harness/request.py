@@ -43,6 +43,25 @@ class ModelRequest:
         """The target this attempt goes to (the ref's own until failover picks another)."""
         return self.target or self.ref.target
 
+    def with_attempt(
+        self, *, target: ModelTarget | None, attempt: int, on_text: TextSink | None
+    ) -> ModelRequest:
+        """This request bound for `target` as attempt `attempt`, streaming to `on_text`.
+
+        Spelled out rather than `dataclasses.replace`, which introspects the fields on every
+        call (≈10 µs; each model call makes two).
+        """
+        return ModelRequest(
+            ref=self.ref,
+            call=self.call,
+            meta=self.meta,
+            credentials=self.credentials,
+            on_text=on_text,
+            on_restart=self.on_restart,
+            target=target,
+            attempt=attempt,
+        )
+
 
 Handler = Callable[[ModelRequest], Awaitable[ChatResult]]
 """Anything that takes a request to a result: a layer, or the provider call at the end."""

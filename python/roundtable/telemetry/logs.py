@@ -39,6 +39,13 @@ def configure(level: str, stream: TextIO) -> BatchWriter:
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("opentelemetry.context").addFilter(StreamTeardownNoise())
+    # The format uses none of a record's caller, thread or process fields: skip computing
+    # them (the Logging HOWTO's "Optimization" section). Finding the caller walks the stack,
+    # ≈15 µs of every audit line.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     writer.start()
     return writer
 
