@@ -7,7 +7,6 @@ replica that owns the run.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -16,6 +15,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from roundtable.store.base import RUN_COLUMNS, RunRecord, StoredEvent, run_from_row, run_row
+from roundtable.store.statements import Statements, acquire_params, update_params
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rt_runs (
@@ -47,8 +47,7 @@ CREATE TABLE IF NOT EXISTS rt_events (
 );
 """
 
-_COLUMNS = ", ".join(RUN_COLUMNS)
-_PLACEHOLDERS = ",".join(["%s"] * len(RUN_COLUMNS))
+_SQL = Statements.with_placeholder("%s")
 
 
 class PostgresRunStore:
@@ -89,55 +88,25 @@ class PostgresRunStore:
             return list(await cursor.fetchall())
 
     async def create_run(self, record: RunRecord) -> bool:
-        inserted = await self._execute(
-            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS}) "
-            "ON CONFLICT (tenant, run_id) DO NOTHING",
-            run_row(record),
-        )
-        return inserted == 1
+        return await self._execute(_SQL.create_run, run_row(record)) == 1
 
     async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
-        rows = await self._fetch(
-            f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=%s AND run_id=%s", (tenant, run_id)
-        )
+        rows = await self._fetch(_SQL.get_run, (tenant, run_id))
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def update_run(self, record: RunRecord) -> None:
         record.updated_at = time.time()
-        await self._execute(
-            "UPDATE rt_runs SET status=%s, plan_json=%s, finished_reply_ids=%s, last_seq=%s, "
-            "updated_at=%s WHERE tenant=%s AND run_id=%s",
-            (
-                record.status.value,
-                record.plan_json,
-                json.dumps(record.finished_reply_ids),
-                record.last_seq,
-                record.updated_at,
-                record.tenant,
-                record.run_id,
-            ),
-        )
+        await self._execute(_SQL.update_run, update_params(record))
 
     async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
-        await self._execute(
-            "INSERT INTO rt_events (tenant, run_id, seq, kind, body) VALUES (%s,%s,%s,%s,%s)",
-            (tenant, run_id, event.seq, event.kind, event.body),
-        )
+        await self._execute(_SQL.append_event, (tenant, run_id, event.seq, event.kind, event.body))
 
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
-        rows = await self._fetch(
-            "SELECT seq, kind, body FROM rt_events WHERE tenant=%s AND run_id=%s AND seq>%s "
-            "ORDER BY seq",
-            (tenant, run_id, after_seq),
-        )
+        rows = await self._fetch(_SQL.read_events, (tenant, run_id, after_seq))
         return [StoredEvent(r["seq"], r["kind"], bytes(r["body"])) for r in rows]
 
     async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
-        rows = await self._fetch(
-            f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=%s AND thread_id=%s "
-            "AND status IN ('cancelled','interrupted') ORDER BY created_at DESC LIMIT 1",
-            (tenant, thread_id),
-        )
+        rows = await self._fetch(_SQL.latest_resumable, (tenant, thread_id))
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def mark_interrupted(self) -> int:
@@ -149,37 +118,18 @@ class PostgresRunStore:
         )
 
     async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        now = time.time()
-        return (
-            await self._execute(
-                "UPDATE rt_runs SET owner=%s, lease_until=%s WHERE tenant=%s AND run_id=%s "
-                "AND (owner='' OR owner=%s OR lease_until<%s)",
-                (owner, now + ttl_s, tenant, run_id, owner, now),
-            )
-            == 1
-        )
+        params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
+        return await self._execute(_SQL.acquire_lease, params) == 1
 
     async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        return (
-            await self._execute(
-                "UPDATE rt_runs SET lease_until=%s WHERE tenant=%s AND run_id=%s AND owner=%s",
-                (time.time() + ttl_s, tenant, run_id, owner),
-            )
-            == 1
-        )
+        params = (time.time() + ttl_s, tenant, run_id, owner)
+        return await self._execute(_SQL.renew_lease, params) == 1
 
     async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
-        await self._execute(
-            "UPDATE rt_runs SET owner='', lease_until=0, cancel_mode='', cancel_reason='' "
-            "WHERE tenant=%s AND run_id=%s AND owner=%s",
-            (tenant, run_id, owner),
-        )
+        await self._execute(_SQL.release_lease, (tenant, run_id, owner))
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
-        await self._execute(
-            "UPDATE rt_runs SET cancel_mode=%s, cancel_reason=%s WHERE tenant=%s AND run_id=%s",
-            (mode, reason, tenant, run_id),
-        )
+        await self._execute(_SQL.request_cancel, (mode, reason, tenant, run_id))
 
     async def count_rows(self) -> int:
         rows = await self._fetch(

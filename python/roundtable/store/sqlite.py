@@ -16,7 +16,6 @@ Two connections to the one file:
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -25,7 +24,8 @@ from pathlib import Path
 import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from roundtable.store.base import RUN_COLUMNS, RunRecord, StoredEvent, run_from_row, run_row
+from roundtable.store.base import RunRecord, StoredEvent, run_from_row, run_row
+from roundtable.store.statements import Statements, acquire_params, update_params
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rt_runs (
@@ -89,8 +89,7 @@ def connect_log(path: Path) -> sqlite3.Connection:
     return conn
 
 
-_COLUMNS = ", ".join(RUN_COLUMNS)
-_PLACEHOLDERS = ",".join("?" * len(RUN_COLUMNS))
+_SQL = Statements.with_placeholder("?")
 
 
 class SqliteRunStore:
@@ -115,58 +114,25 @@ class SqliteRunStore:
         return cls(conn, saver)
 
     async def create_run(self, record: RunRecord) -> bool:
-        cursor = self.conn.execute(
-            f"INSERT INTO rt_runs ({_COLUMNS}) VALUES ({_PLACEHOLDERS}) "
-            "ON CONFLICT (tenant, run_id) DO NOTHING",
-            run_row(record),
-        )
-        return cursor.rowcount == 1
+        return self.conn.execute(_SQL.create_run, run_row(record)).rowcount == 1
 
     async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
-        cursor = self.conn.execute(
-            f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=? AND run_id=?", (tenant, run_id)
-        )
-        row = cursor.fetchone()
+        row = self.conn.execute(_SQL.get_run, (tenant, run_id)).fetchone()
         return run_from_row(row) if row else None
 
     async def update_run(self, record: RunRecord) -> None:
         record.updated_at = time.time()
-        self.conn.execute(
-            "UPDATE rt_runs SET status=?, plan_json=?, finished_reply_ids=?, last_seq=?, "
-            "updated_at=? WHERE tenant=? AND run_id=?",
-            (
-                record.status.value,
-                record.plan_json,
-                json.dumps(record.finished_reply_ids),
-                record.last_seq,
-                record.updated_at,
-                record.tenant,
-                record.run_id,
-            ),
-        )
+        self.conn.execute(_SQL.update_run, update_params(record))
 
     async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
-        self.conn.execute(
-            "INSERT INTO rt_events (tenant, run_id, seq, kind, body) VALUES (?,?,?,?,?)",
-            (tenant, run_id, event.seq, event.kind, event.body),
-        )
+        self.conn.execute(_SQL.append_event, (tenant, run_id, event.seq, event.kind, event.body))
 
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
-        cursor = self.conn.execute(
-            "SELECT seq, kind, body FROM rt_events WHERE tenant=? AND run_id=? AND seq>? "
-            "ORDER BY seq",
-            (tenant, run_id, after_seq),
-        )
-        rows = cursor.fetchall()
+        rows = self.conn.execute(_SQL.read_events, (tenant, run_id, after_seq)).fetchall()
         return [StoredEvent(r[0], r[1], bytes(r[2])) for r in rows]
 
     async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
-        cursor = self.conn.execute(
-            f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant=? AND thread_id=? "
-            "AND status IN ('cancelled','interrupted') ORDER BY created_at DESC LIMIT 1",
-            (tenant, thread_id),
-        )
-        row = cursor.fetchone()
+        row = self.conn.execute(_SQL.latest_resumable, (tenant, thread_id)).fetchone()
         return run_from_row(row) if row else None
 
     async def mark_interrupted(self) -> int:
@@ -179,33 +145,18 @@ class SqliteRunStore:
         return cursor.rowcount
 
     async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        now = time.time()
-        cursor = self.conn.execute(
-            "UPDATE rt_runs SET owner=?, lease_until=? WHERE tenant=? AND run_id=? "
-            "AND (owner='' OR owner=? OR lease_until<?)",
-            (owner, now + ttl_s, tenant, run_id, owner, now),
-        )
-        return cursor.rowcount == 1
+        params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
+        return self.conn.execute(_SQL.acquire_lease, params).rowcount == 1
 
     async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        cursor = self.conn.execute(
-            "UPDATE rt_runs SET lease_until=? WHERE tenant=? AND run_id=? AND owner=?",
-            (time.time() + ttl_s, tenant, run_id, owner),
-        )
-        return cursor.rowcount == 1
+        params = (time.time() + ttl_s, tenant, run_id, owner)
+        return self.conn.execute(_SQL.renew_lease, params).rowcount == 1
 
     async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
-        self.conn.execute(
-            "UPDATE rt_runs SET owner='', lease_until=0, cancel_mode='', cancel_reason='' "
-            "WHERE tenant=? AND run_id=? AND owner=?",
-            (tenant, run_id, owner),
-        )
+        self.conn.execute(_SQL.release_lease, (tenant, run_id, owner))
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
-        self.conn.execute(
-            "UPDATE rt_runs SET cancel_mode=?, cancel_reason=? WHERE tenant=? AND run_id=?",
-            (mode, reason, tenant, run_id),
-        )
+        self.conn.execute(_SQL.request_cancel, (mode, reason, tenant, run_id))
 
     @property
     def shared(self) -> bool:

@@ -1,0 +1,94 @@
+"""The SQL both stores share, written once; each store renders it with its placeholder.
+
+SQLite (qmark: `?`) and Postgres through psycopg (`%s`) run the same statements on the same
+tables. What differs stays in the stores: the schema's types, how a dead owner's runs
+are marked at start-up, and the names of LangGraph's checkpoint tables.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from roundtable.store.base import RUN_COLUMNS, RunRecord
+
+_COLUMNS = ", ".join(RUN_COLUMNS)
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """The run registry's and event log's statements, for one placeholder style."""
+
+    create_run: str
+    get_run: str
+    update_run: str
+    append_event: str
+    read_events: str
+    latest_resumable: str
+    acquire_lease: str
+    renew_lease: str
+    release_lease: str
+    request_cancel: str
+
+    @classmethod
+    def with_placeholder(cls, p: str) -> Statements:
+        """Every statement with `p` as its parameter placeholder."""
+        return cls(
+            create_run=(
+                f"INSERT INTO rt_runs ({_COLUMNS}) VALUES ({','.join([p] * len(RUN_COLUMNS))}) "
+                "ON CONFLICT (tenant, run_id) DO NOTHING"
+            ),
+            get_run=f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND run_id={p}",
+            update_run=(
+                f"UPDATE rt_runs SET status={p}, plan_json={p}, finished_reply_ids={p}, "
+                f"last_seq={p}, updated_at={p} WHERE tenant={p} AND run_id={p}"
+            ),
+            append_event=(
+                "INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
+                f"VALUES ({p},{p},{p},{p},{p})"
+            ),
+            read_events=(
+                f"SELECT seq, kind, body FROM rt_events WHERE tenant={p} AND run_id={p} "
+                f"AND seq>{p} ORDER BY seq"
+            ),
+            latest_resumable=(
+                f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
+                "AND status IN ('cancelled','interrupted') ORDER BY created_at DESC LIMIT 1"
+            ),
+            acquire_lease=(
+                f"UPDATE rt_runs SET owner={p}, lease_until={p} WHERE tenant={p} AND run_id={p} "
+                f"AND (owner='' OR owner={p} OR lease_until<{p})"
+            ),
+            renew_lease=(
+                f"UPDATE rt_runs SET lease_until={p} WHERE tenant={p} AND run_id={p} AND owner={p}"
+            ),
+            release_lease=(
+                "UPDATE rt_runs SET owner='', lease_until=0, cancel_mode='', cancel_reason='' "
+                f"WHERE tenant={p} AND run_id={p} AND owner={p}"
+            ),
+            request_cancel=(
+                f"UPDATE rt_runs SET cancel_mode={p}, cancel_reason={p} "
+                f"WHERE tenant={p} AND run_id={p}"
+            ),
+        )
+
+
+def update_params(record: RunRecord) -> tuple[Any, ...]:
+    """The parameters of `update_run` (the caller has set `record.updated_at`)."""
+    return (
+        record.status.value,
+        record.plan_json,
+        json.dumps(record.finished_reply_ids),
+        record.last_seq,
+        record.updated_at,
+        record.tenant,
+        record.run_id,
+    )
+
+
+def acquire_params(
+    tenant: str, run_id: str, owner: str, ttl_s: float, now: float
+) -> tuple[Any, ...]:
+    """The parameters of `acquire_lease`: take it when free, ours, or expired at `now`."""
+    return (owner, now + ttl_s, tenant, run_id, owner, now)
