@@ -364,31 +364,24 @@ async def b1_components(cfg: Config, work: Path) -> dict[str, Any]:
                 OFFLINE_MODEL.target, call, api_key=None, on_text=lambda _text: None
             )
 
-        async def langchain_astream():
-            from roundtable.models.langchain_provider import to_langchain
-            from roundtable.models.offline import offline_factory
+        def offline_stream(own: bool) -> Callable[[], Awaitable[Callable[[], Awaitable[None]]]]:
+            """LangChain's `astream` of the offline model, or (own) the model's `_astream`."""
 
-            model = offline_factory()(OFFLINE_MODEL.target, None)
-            lc_messages = to_langchain(messages)
+            async def build() -> Callable[[], Awaitable[None]]:
+                from roundtable.models.langchain_provider import to_langchain
+                from roundtable.models.offline import offline_factory
 
-            async def op() -> None:
-                async for _ in model.astream(lc_messages, max_tokens=32):
-                    pass
+                model = offline_factory()(OFFLINE_MODEL.target, None)
+                lc_messages = to_langchain(messages)
+                stream = model._astream if own else model.astream
 
-            return op
+                async def op() -> None:
+                    async for _ in stream(lc_messages, max_tokens=32):
+                        pass
 
-        async def model_own_astream():
-            from roundtable.models.langchain_provider import to_langchain
-            from roundtable.models.offline import offline_factory
+                return op
 
-            model = offline_factory()(OFFLINE_MODEL.target, None)
-            lc_messages = to_langchain(messages)
-
-            async def op() -> None:
-                async for _ in model._astream(lc_messages, max_tokens=32):
-                    pass
-
-            return op
+            return build
 
         async def audit_record():
             from roundtable.harness.audit import AuditRecord
@@ -474,8 +467,8 @@ async def b1_components(cfg: Config, work: Path) -> dict[str, Any]:
 
         await component("model_call_through_harness", harness_call)
         await component("provider_complete", provider_complete)
-        await component("langchain_astream_offline", langchain_astream)
-        await component("offline_model_own_astream", model_own_astream)
+        await component("langchain_astream_offline", offline_stream(own=False))
+        await component("offline_model_own_astream", offline_stream(own=True))
         await component("audit_record", audit_record, n * 4)
         await component("store_append_event", store_append_event, n * 4)
         await component("aiosqlite_insert", aiosqlite_insert, n * 4)

@@ -9,6 +9,7 @@ boundary, and B can follow A's run through the shared event log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -59,6 +60,23 @@ async def replica(store: str, log: Path) -> ServerProcess:
     return await ServerProcess(store, log, "--lease-seconds", LEASE).start()
 
 
+@contextlib.asynccontextmanager
+async def two_replicas(
+    store: str, tmp_path: Path
+) -> AsyncIterator[tuple[ServerProcess, ServerProcess]]:
+    """Replicas A and B on one Postgres, stopped on the way out (their last log lines
+    written: they log in batches, so audit() is complete only after the stop)."""
+    a = await replica(store, tmp_path / "a.log")
+    try:
+        b = await replica(store, tmp_path / "b.log")
+        try:
+            yield a, b
+        finally:
+            await b.stop()
+    finally:
+        await a.stop()
+
+
 async def kill_a_after_speaker_3(a: ServerProcess, request) -> list[epb.RunEvent]:
     events = []
     async with a.channel() as channel:
@@ -81,9 +99,7 @@ async def test_b_resumes_what_a_left_after_its_lease_expires(
     shared_store: str, tmp_path: Path
 ) -> None:
     request = six_speakers("rep-1")
-    a = await replica(shared_store, tmp_path / "a.log")
-    b = await replica(shared_store, tmp_path / "b.log")
-    try:
+    async with two_replicas(shared_store, tmp_path) as (a, b):
         a_events = await kill_a_after_speaker_3(a, request)
         await asyncio.sleep(float(LEASE) + 0.5)
         async with b.channel() as channel:
@@ -100,16 +116,11 @@ async def test_b_resumes_what_a_left_after_its_lease_expires(
         assert status == pb.RUN_STATUS_SUCCEEDED
         await b.stop()  # B writes its log lines in batches: all of them by its exit
         assert dispatch_calls(b) == 3, "no finished speaker ran again on B"
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 async def test_b_follows_a_dead_replica_then_takes_over(shared_store: str, tmp_path: Path) -> None:
     request = six_speakers("rep-1b")
-    a = await replica(shared_store, tmp_path / "a.log")
-    b = await replica(shared_store, tmp_path / "b.log")
-    try:
+    async with two_replicas(shared_store, tmp_path) as (a, b):
         await kill_a_after_speaker_3(a, request)
         # A's lease still runs: B attaches through the log, and resumes when the lease ends.
         async with b.channel() as channel:
@@ -122,66 +133,57 @@ async def test_b_follows_a_dead_replica_then_takes_over(shared_store: str, tmp_p
         assert durable == list(range(1, len(durable) + 1)), "one log, every seq once, in order"
         await b.stop()  # B writes its log lines in batches: all of them by its exit
         assert dispatch_calls(b) == 3
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 async def test_a_cancel_sent_to_b_stops_a_at_its_next_speaker_boundary(
     shared_store: str, tmp_path: Path
 ) -> None:
     request = six_speakers("rep-2")
-    a = await replica(shared_store, tmp_path / "a.log")
-    b = await replica(shared_store, tmp_path / "b.log")
-    try:
-        async with a.channel() as a_channel, b.channel() as b_channel:
-            a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
-            call = a_stub.StartRun(request)
-            events = []
-            async for response in call:
-                events.append(response.event)
-                if (
-                    response.event.WhichOneof("payload") == "speaker_started"
-                    and response.event.speaker_started.step == 1
-                ):
-                    break
-            # B follows A's run through the shared log...
-            follower = asyncio.create_task(
-                collect(b_stub.StreamRun(pb.StreamRunRequest(run_id="rep-2", tenant="tenant-1")))
-            )
-            # ...and records a cancel that A honours at its next speaker boundary.
-            answer = await b_stub.CancelRun(pb.CancelRunRequest(run_id="rep-2", tenant="tenant-1"))
-            assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
-            events += await collect(call)
-            followed = await asyncio.wait_for(follower, 30)
-        cancelled = of_kind(events, "run_cancelled")[0].run_cancelled
-        assert cancelled.reason == "cancel_requested"
-        assert [f.step for f in finals(events)] == [0, 1], (
-            "speaker 2 finished, nobody after it started"
+    async with (
+        two_replicas(shared_store, tmp_path) as (a, b),
+        a.channel() as a_channel,
+        b.channel() as b_channel,
+    ):
+        a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+        call = a_stub.StartRun(request)
+        events = []
+        async for response in call:
+            events.append(response.event)
+            if (
+                response.event.WhichOneof("payload") == "speaker_started"
+                and response.event.speaker_started.step == 1
+            ):
+                break
+        # B follows A's run through the shared log...
+        follower = asyncio.create_task(
+            collect(b_stub.StreamRun(pb.StreamRunRequest(run_id="rep-2", tenant="tenant-1")))
         )
-        assert not [e for e in of_kind(events, "speaker_started") if e.speaker_started.step >= 2]
-        durable = [e for e in events if e.WhichOneof("payload") != "assistant_delta"]
-        assert [e.SerializeToString() for e in followed] == [e.SerializeToString() for e in durable]
-        assert kinds(followed)[-1] == "run_cancelled"
-    finally:
-        await a.stop()
-        await b.stop()
+        # ...and records a cancel that A honours at its next speaker boundary.
+        answer = await b_stub.CancelRun(pb.CancelRunRequest(run_id="rep-2", tenant="tenant-1"))
+        assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+        events += await collect(call)
+        followed = await asyncio.wait_for(follower, 30)
+    cancelled = of_kind(events, "run_cancelled")[0].run_cancelled
+    assert cancelled.reason == "cancel_requested"
+    assert [f.step for f in finals(events)] == [0, 1], "speaker 2 finished, nobody after it started"
+    assert not [e for e in of_kind(events, "speaker_started") if e.speaker_started.step >= 2]
+    durable = [e for e in events if e.WhichOneof("payload") != "assistant_delta"]
+    assert [e.SerializeToString() for e in followed] == [e.SerializeToString() for e in durable]
+    assert kinds(followed)[-1] == "run_cancelled"
 
 
 async def test_two_replicas_never_run_one_run_at_once(shared_store: str, tmp_path: Path) -> None:
     request = six_speakers("rep-3")
-    a = await replica(shared_store, tmp_path / "a.log")
-    b = await replica(shared_store, tmp_path / "b.log")
-    try:
-        async with a.channel() as a_channel, b.channel() as b_channel:
-            results = await asyncio.gather(
-                collect(a.stub(a_channel).StartRun(request)),
-                collect(b.stub(b_channel).StartRun(request)),
-            )
-    finally:
-        # Stopped first: a replica writes its log lines in batches, all of them by its exit.
-        await a.stop()
-        await b.stop()
+    async with (
+        two_replicas(shared_store, tmp_path) as (a, b),
+        a.channel() as a_channel,
+        b.channel() as b_channel,
+    ):
+        results = await asyncio.gather(
+            collect(a.stub(a_channel).StartRun(request)),
+            collect(b.stub(b_channel).StartRun(request)),
+        )
+    # Read after both stopped: replicas write their log lines in batches.
     executions = sum(len(of_kind(r, "run_started")) for r in results)
     assert executions == 2, "both streams see the run start once (one runs, one follows)"
     runs = [r for r in (a.audit() + b.audit()) if r["caller_node"] == "dispatch"]
