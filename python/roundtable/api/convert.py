@@ -7,9 +7,9 @@ fields directly instead of going through dicts.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
+import xxhash
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from roundtable.api.limits import RequestLimits
@@ -50,11 +50,13 @@ def fingerprint(thread_id: str, snapshot_bytes: bytes | memoryview) -> str:
     different streaming, and is still the same turn. `snapshot_bytes` is the snapshot's
     serialization, as received when it came off the wire (see api/wire.py).
     """
-    # sha256 runs on the CPU's SHA extensions here: ~3x faster than blake2b on a 10,000-message
-    # history (bench B5).
-    digest = hashlib.sha256(thread_id.encode("utf-8") + b"\0")
+    # xxh3-128, not a cryptographic hash: the fingerprint tells a retry of a turn from a
+    # different turn under the same run id, for a caller that is already authenticated, and
+    # 128 bits make an accidental collision negligible. On a 10,000-message history (828 KB)
+    # it takes ≈0.02 ms where sha256 took ≈0.65 ms (bench B5).
+    digest = xxhash.xxh3_128(thread_id.encode("utf-8") + b"\0")
     digest.update(snapshot_bytes)
-    return digest.hexdigest()[:32]
+    return digest.hexdigest()
 
 
 def run_request_from_proto(
