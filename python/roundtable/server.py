@@ -140,10 +140,12 @@ async def running_server(
         tracer=telemetry.tracer("roundtable.harness"),
         metrics=metrics,
     )
+    checkpoints = BoundarySaver(store.checkpointer)
     manager = RunManager(
         store=store,
-        graph=build_conversation_graph(BoundarySaver(store.checkpointer)),
+        graph=build_conversation_graph(checkpoints),
         harness=harness,
+        checkpoints=checkpoints,
         durability=settings.checkpoint_durability,
         tracer=telemetry.tracer("roundtable.graph"),
         metrics=metrics,

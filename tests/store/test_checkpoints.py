@@ -1,27 +1,56 @@
-"""LangGraph checkpoints: once when the run ends (the default), or after each plan and round.
+"""LangGraph checkpoints: the one a stopped run resumes from, or one after each plan and round.
 
 The event log, not the checkpoint, decides who already spoke (tests/e2e/test_crash_resume.py
-shows resume with no checkpoint at all); these tests show what the checkpointer is given.
+shows resume with no checkpoint at all); these tests show what the database is given.
+A completed run is never resumed (only replayed, from the event log), so with the default
+durability ("exit") a completed turn leaves no checkpoint, while a stopped one leaves the
+checkpoint it resumes from.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 from roundtable.runs.manager import checkpoint_thread
+from roundtable.store.checkpoints import BoundarySaver
+from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
-from support.builders import collect, finals, start_request
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, finals, member, of_kind, start_request
+
+SLOW = spb.ModelRef(
+    target=spb.ModelTarget(provider="offline", model="slow", base_url="offline:?token_delay_ms=15")
+)
+
+
+async def saved_checkpoints(server: Any, tenant: str, run_id: str) -> list[Any]:
+    """The run's checkpoints in the database, newest first."""
+    thread = checkpoint_thread(tenant, run_id)
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    return [c async for c in server.store.checkpointer.alist(config)]
+
+
+def shapes(saved: list[Any]) -> list[dict[str, int]]:
+    return [
+        {
+            "steps": len(c.checkpoint["channel_values"].get("steps", [])),
+            "replies": len(c.checkpoint["channel_values"].get("replies", [])),
+        }
+        for c in saved
+    ]
 
 
 @pytest.mark.parametrize(
     ("durability", "expected"),
     [
-        ("exit", [{"steps": 4, "replies": 4}]),
+        ("exit", []),
         # Newest first: the round of four speakers, then the plan.
         ("async", [{"steps": 4, "replies": 4}, {"steps": 4, "replies": 0}]),
     ],
 )
-async def test_checkpoints_of_a_count_off(start_server, durability, expected) -> None:
+async def test_checkpoints_of_a_completed_count_off(start_server, durability, expected) -> None:
     async with (
         start_server(checkpoint_durability=durability) as server,
         grpc.aio.insecure_channel(server.address) as channel,
@@ -29,18 +58,67 @@ async def test_checkpoints_of_a_count_off(start_server, durability, expected) ->
         stub = pb_grpc.OrchestratorServiceStub(channel)
         events = await collect(stub.StartRun(start_request("报数", run_id="ck-1", tenant="acme")))
         assert len(finals(events)) == 4
-        thread = checkpoint_thread("acme", "ck-1")
-        config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-        saved = [c async for c in server.store.checkpointer.alist(config)]
-    shapes = [
-        {
-            "steps": len(c.checkpoint["channel_values"].get("steps", [])),
-            "replies": len(c.checkpoint["channel_values"].get("replies", [])),
-        }
-        for c in saved
-    ]
-    assert shapes == expected
-    latest = saved[0].checkpoint["channel_values"]
-    assert [r["reply_id"] for r in latest["replies"]] == [f"ck-1#{i}" for i in range(4)]
-    # Nothing of the snapshot or the context is in a checkpoint: only progress.
-    assert "snapshot" not in latest and "credentials" not in str(saved[0].metadata)
+        saved = await saved_checkpoints(server, "acme", "ck-1")
+    assert shapes(saved) == expected
+    if saved:
+        latest = saved[0].checkpoint["channel_values"]
+        assert [r["reply_id"] for r in latest["replies"]] == [f"ck-1#{i}" for i in range(4)]
+        # Nothing of the snapshot or the context is in a checkpoint: only progress.
+        assert "snapshot" not in latest and "credentials" not in str(saved[0].metadata)
+
+
+async def test_a_stopped_run_keeps_the_checkpoint_it_resumes_from(start_server) -> None:
+    members = [member(m, m.upper(), model=SLOW) for m in "abcd"]
+    request = start_request("@all hello", run_id="ck-stop", tenant="acme", members=members)
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        call = stub.StartRun(request)
+        async for response in call:
+            if response.event.WhichOneof("payload") == "speaker_started":
+                break
+        await stub.CancelRun(pb.CancelRunRequest(run_id="ck-stop", tenant="acme"))
+        first = await collect(call)
+        assert of_kind(first, "run_cancelled")
+        saved = await saved_checkpoints(server, "acme", "ck-stop")
+        # One checkpoint, written when the run stopped: the plan of four steps.
+        assert [s["steps"] for s in shapes(saved)] == [4]
+        assert "snapshot" not in saved[0].checkpoint["channel_values"]
+
+        # The same StartRun resumes from it: no second plan, nobody speaks twice; and the
+        # completed resume adds no checkpoint of its own.
+        second = await collect(stub.StartRun(request))
+        assert second[0].run_started.resumed and not of_kind(second, "plan_created")
+        done = [f.reply_id for f in finals(first + second)]
+        assert sorted(done) == [f"ck-stop#{i}" for i in range(4)]
+        assert of_kind(second, "run_completed")
+        assert len(await saved_checkpoints(server, "acme", "ck-stop")) == 1
+
+
+async def test_a_new_runs_first_read_skips_the_database() -> None:
+    reads: list[str] = []
+
+    class Inner(BoundarySaver):
+        def __init__(self) -> None:
+            from langgraph.checkpoint.memory import InMemorySaver
+
+            super().__init__(InMemorySaver())
+
+        async def aget_tuple(self, config):  # type: ignore[no-untyped-def]
+            reads.append(config["configurable"]["thread_id"])
+            return await self.inner.aget_tuple(config)
+
+    saver = BoundarySaver(Inner())
+    saver.expect_new("t/new")
+    config: Any = {"configurable": {"thread_id": "t/new"}}
+    assert await saver.aget_tuple(config) is None
+    assert reads == [], "a new run's thread is not looked up"
+    # The mark is read once: a later read of the same thread asks the database.
+    assert await saver.aget_tuple(config) is None
+    assert reads == ["t/new"]
+    saver.expect_new("t/other")
+    saver.forget_new("t/other")
+    await saver.aget_tuple({"configurable": {"thread_id": "t/other"}})
+    assert reads == ["t/new", "t/other"]

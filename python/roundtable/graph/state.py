@@ -46,6 +46,8 @@ class ConversationState(TypedDict, total=False):
     another_round: bool
     input_tokens: int
     output_tokens: int
+    finished: bool
+    """Set by the last node: the graph reached its end (no checkpoint is kept of it)."""
 
 
 def step_to_dict(step: PlanStep) -> StepDict:

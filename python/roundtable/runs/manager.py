@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
@@ -86,6 +86,16 @@ def _span_context(value: str) -> trace.SpanContext | None:
     )
 
 
+class NewThreads(Protocol):
+    """The checkpoint saver's side of "this run has no checkpoint yet" (BoundarySaver)."""
+
+    def expect_new(self, thread_id: str) -> None:
+        """The thread's next checkpoint read may answer None without a database read."""
+
+    def forget_new(self, thread_id: str) -> None:
+        """Drops the mark if the run ended before reading."""
+
+
 def checkpoint_thread(tenant: str, run_id: str) -> str:
     """The LangGraph checkpoint thread of a run: one per (tenant, run)."""
     return f"{tenant}/{run_id}"
@@ -132,6 +142,7 @@ class RunManager:
         store: RunStore,
         graph: Any,
         harness: Harness,
+        checkpoints: NewThreads | None = None,
         graph_settings: GraphSettings | None = None,
         durability: str = "exit",
         tracer: trace.Tracer | None = None,
@@ -149,6 +160,7 @@ class RunManager:
         self.follow_poll_s = follow_poll_s
         self.graph = graph
         self.harness = harness
+        self.checkpoints = checkpoints
         self.graph_settings = graph_settings or GraphSettings()
         self.durability = durability
         self.tracer = tracer or trace.NoOpTracerProvider().get_tracer(__name__)
@@ -376,11 +388,12 @@ class RunManager:
                 tracer=self.tracer,
                 metrics=self.metrics,
             )
-            config = {
-                "configurable": {"thread_id": checkpoint_thread(record.tenant, record.run_id)},
-                "recursion_limit": 10_000,
-            }
+            thread = checkpoint_thread(record.tenant, record.run_id)
+            config = {"configurable": {"thread_id": thread}, "recursion_limit": 10_000}
             graph_input: dict[str, Any] | None = {}
+            if not launch.resumed and self.checkpoints is not None:
+                # A run's first execution: its checkpoint thread is its own, and empty.
+                self.checkpoints.expect_new(thread)
             if launch.resumed:
                 # Continue from the last checkpoint when there is one; the event log (in
                 # the context) still decides which speakers are finished.
@@ -432,6 +445,8 @@ class RunManager:
         finally:
             if keeper is not None:
                 keeper.cancel()
+            if self.checkpoints is not None:
+                self.checkpoints.forget_new(checkpoint_thread(record.tenant, record.run_id))
             sink.flush()
             # With the lease lost, another replica owns the run: it writes the record, not us.
             if not live.lease_lost:

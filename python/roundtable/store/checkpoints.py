@@ -9,6 +9,17 @@ parallel super-steps (this graph has none), cost a database round trip each and 
 nothing. Measured on a 4-speaker count-off: 12 checkpoints and 40 writes a turn became 6
 checkpoints (start, plan, four speakers) and no writes with a super-step per speaker,
 then 2 (plan, round) once dispatch ran the round in one super-step.
+
+Two more reads and writes buy nothing, and cost ≈1.5 ms of a ≈7 ms count-off turn
+(a thread hop through aiosqlite and a commit each; bench/README.md):
+
+- the read at a run's start, when the run executes for the first time: checkpoint threads
+  are per run (`runs.manager.checkpoint_thread`), so a new run has none. The manager says
+  so with `expect_new` and the read answers None without asking the database.
+- the checkpoint of a graph that finished (its last node sets `finished` in the state): a
+  finished run is never resumed, only replayed, and replays come from the event log. So
+  with durability "exit" a completed turn writes no checkpoint at all, while a run that
+  stops (a cancel, a drain, an error) still writes the one it will resume from.
 """
 
 from __future__ import annotations
@@ -28,6 +39,9 @@ from langgraph.checkpoint.base import (
 BOUNDARY_CHANNELS = frozenset({"steps", "replies"})
 """State keys that change exactly when a plan is made or a round of speakers finishes."""
 
+FINISHED_CHANNEL = "finished"
+"""The state key the graph's last node sets: a graph that reached its end."""
+
 
 class BoundarySaver(BaseCheckpointSaver[Any]):
     """Wraps a saver; forwards only the checkpoints taken at plan and round boundaries."""
@@ -35,9 +49,22 @@ class BoundarySaver(BaseCheckpointSaver[Any]):
     def __init__(self, inner: BaseCheckpointSaver[Any]) -> None:
         super().__init__(serde=inner.serde)
         self.inner = inner
+        self._new_threads: set[str] = set()
+
+    def expect_new(self, thread_id: str) -> None:
+        """Marks a thread known to have no checkpoint: its next read answers None at once."""
+        self._new_threads.add(thread_id)
+
+    def forget_new(self, thread_id: str) -> None:
+        """Drops the mark of `expect_new` if no read consumed it (a run stopped before)."""
+        self._new_threads.discard(thread_id)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """Reads from the wrapped saver."""
+        """Reads from the wrapped saver, unless the thread is marked new (read once)."""
+        thread_id = config.get("configurable", {}).get("thread_id")
+        if thread_id in self._new_threads:
+            self._new_threads.discard(thread_id)
+            return None
         return await self.inner.aget_tuple(config)
 
     async def alist(
@@ -59,8 +86,11 @@ class BoundarySaver(BaseCheckpointSaver[Any]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Writes the checkpoint when a plan or a round just finished; skips it otherwise."""
-        if BOUNDARY_CHANNELS.isdisjoint(new_versions):
+        """Writes the checkpoint when a plan or a round just finished; skips it otherwise,
+        and always once the graph has finished."""
+        if BOUNDARY_CHANNELS.isdisjoint(new_versions) or checkpoint["channel_values"].get(
+            FINISHED_CHANNEL
+        ):
             configurable = dict(config.get("configurable", {}))
             configurable["checkpoint_id"] = checkpoint["id"]
             return {**config, "configurable": configurable}

@@ -88,8 +88,17 @@ def accept(
 async def propose_memory(
     state: ConversationState, runtime: Runtime[GraphContext]
 ) -> ConversationState:
-    """Asks the default model for memory proposals and emits the valid ones."""
-    ctx = runtime.context
+    """Asks the default model for memory proposals and emits the valid ones.
+
+    The graph's last node: it also marks the graph finished, which tells the checkpoint
+    saver that this run will never resume (store/checkpoints.py).
+    """
+    update = await _propose(state, runtime.context)
+    update["finished"] = True
+    return update
+
+
+async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationState:
     replies = [r for r in state.get("replies", []) if not r["failed"]]
     if state.get("directive") in _NOTHING_TO_REMEMBER or not replies or ctx.prior.memory_proposed:
         return {}
