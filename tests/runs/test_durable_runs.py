@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import grpc
 import pytest
+from roundtable.api.convert import run_request_from_proto
+from roundtable.api.limits import RequestLimits
+from roundtable.domain.snapshot import Budgets
+from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
@@ -212,3 +217,52 @@ async def test_cancel_of_a_finished_run_changes_nothing(stub) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.CancelRun(pb.CancelRunRequest(run_id="nope", tenant="tenant-1"))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_continue_turn_that_died_before_its_plan_resumes_with_the_steps_left(
+    server, stub
+) -> None:
+    # Run A is cancelled after its first speaker: three steps are left.
+    call = stub.StartRun(slow_request(run_id="cw-a", thread_id="t-cw"))
+    await read_until(call, is_started(1))
+    await stub.CancelRun(pb.CancelRunRequest(run_id="cw-a", tenant="tenant-1"))
+    left = of_kind(await collect(call), "run_cancelled")[0].run_cancelled.steps_left
+    assert len(left) >= 2
+
+    # "继续" (run B) starts, logs run_started, and its process dies before B's plan is in the
+    # log. That is what the registry and the log then hold (A untouched: it is only marked
+    # continued once B's plan is durable).
+    request = slow_request("继续", run_id="cw-b", thread_id="t-cw")
+    fingerprint = run_request_from_proto(
+        request, limits=RequestLimits(), defaults=Budgets()
+    ).fingerprint
+    now = time.time()
+    assert await server.store.create_run(
+        RunRecord(
+            tenant="tenant-1",
+            run_id="cw-b",
+            thread_id="t-cw",
+            fingerprint=fingerprint,
+            status=RunStatus.INTERRUPTED,
+            created_at=now,
+            updated_at=now,
+            last_seq=1,
+        )
+    )
+    started = epb.RunEvent(
+        run_id="cw-b", seq=1, run_started=epb.RunStarted(route=epb.ROUTE_GROUP, thread_id="t-cw")
+    )
+    await server.store.append_event(
+        "tenant-1", "cw-b", StoredEvent(1, "run_started", started.SerializeToString())
+    )
+    assert await get_status(stub, "cw-a") == pb.RUN_STATUS_CANCELLED
+
+    # The gateway retries B: it resumes and still continues A, with A's reply ids.
+    resumed = await collect(stub.StartRun(request))
+    assert resumed[0].run_started.resumed
+    plan = of_kind(resumed, "plan_created")[0].plan_created
+    assert plan.source == epb.PLAN_SOURCE_CONTINUED and plan.continued_run_id == "cw-a"
+    assert [s.reply_id for s in plan.steps] == [s.reply_id for s in left]
+    assert [f.reply_id for f in finals(resumed)] == [s.reply_id for s in left]
+    assert await get_status(stub, "cw-a") == pb.RUN_STATUS_CONTINUED
+    assert await get_status(stub, "cw-b") == pb.RUN_STATUS_SUCCEEDED

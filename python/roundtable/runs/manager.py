@@ -205,9 +205,6 @@ class RunManager:
             self._check_capacity(ctx.tenant)
             directive = classify(request.snapshot)
             wait_for = self._claim_thread(request, directive)
-            continuation = None
-            if directive.kind is DirectiveKind.CONTINUE and record is None:
-                continuation = await self._take_continuation(ctx.tenant, ctx.thread_id)
             if record is None:
                 now = time.time()
                 record = RunRecord(
@@ -250,9 +247,18 @@ class RunManager:
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
             live = LiveRun(request=request, record=record, buffer=self.limits.stream_buffer)
-            self._per_tenant[ctx.tenant] += 1
             for event in prior_events:
                 live.progress.observe(event)
+            continuation = None
+            if live.progress.continued_run_id:
+                # A continue run resumed after its plan was logged: the run it continues
+                # may not be marked yet (the process died in between).
+                await self._mark_continued(ctx.tenant, live.progress.continued_run_id)
+            elif directive.kind is DirectiveKind.CONTINUE and not live.progress.steps:
+                # First execution, or a resume before the plan was logged: find the run to
+                # continue (it is marked continued only once this run's plan is durable).
+                continuation = await self._find_continuation(ctx.tenant, ctx.thread_id, ctx.run_id)
+            self._per_tenant[ctx.tenant] += 1
             self._live[key] = live
             self._threads[live.thread_key] = live
             subscription = live.subscribe(record.last_seq)
@@ -297,18 +303,38 @@ class RunManager:
             busy.stop.request("interrupted_by_new_run")
         return busy
 
-    async def _take_continuation(self, tenant: str, thread_id: str) -> Continuation | None:
-        """The steps the thread's last cancelled or interrupted run left; marks it continued."""
-        earlier = await self.store.latest_resumable(tenant, thread_id)
+    async def _find_continuation(
+        self, tenant: str, thread_id: str, run_id: str
+    ) -> Continuation | None:
+        """The steps the thread's last cancelled or interrupted run (not this one) left.
+
+        The earlier run is not marked here: `_plan_committed` marks it once the continuing
+        run's plan is in the log, so a crash in between loses nothing (the continuing run
+        resumes, finds the same run again, and plans the same steps with the same reply ids).
+        """
+        earlier = await self.store.latest_resumable(tenant, thread_id, exclude_run_id=run_id)
         if earlier is None:
             return None
         progress = Progress()
         for stored in await self.store.read_events(tenant, earlier.run_id, 0):
             progress.observe(epb.RunEvent.FromString(stored.body))
-        earlier.status = RunStatus.CONTINUED
-        await self.store.update_run(earlier)
         steps = tuple(progress.steps_left)
         return Continuation(run_id=earlier.run_id, steps=steps) if steps else None
+
+    async def _plan_committed(self, live: LiveRun, plan: epb.PlanCreated) -> None:
+        """Marks the run a continue turn continues, now that the turn's plan is durable.
+
+        Before the plan was logged, a crash would have lost the steps left: the earlier
+        run could no longer be continued, and the continuing run had no plan to resume.
+        """
+        if plan.continued_run_id:
+            await self._mark_continued(live.record.tenant, plan.continued_run_id)
+
+    async def _mark_continued(self, tenant: str, run_id: str) -> None:
+        earlier = await self.store.get_run(tenant, run_id)
+        if earlier is not None and earlier.status in RESUMABLE:
+            earlier.status = RunStatus.CONTINUED
+            await self.store.update_run(earlier)
 
     async def _replay(self, record: RunRecord) -> Subscription:
         events = await self.store.read_events(record.tenant, record.run_id, 0)
@@ -343,7 +369,12 @@ class RunManager:
 
     async def _run(self, live: LiveRun, launch: Launch) -> None:
         record = live.record
-        sink = RunSink(live, self.store, first_seq=record.last_seq)
+        sink = RunSink(
+            live,
+            self.store,
+            first_seq=record.last_seq,
+            on_plan=lambda plan: self._plan_committed(live, plan),
+        )
         request = live.request
         status = RunStatus.FAILED
         # Leases only matter where other replicas share the store; a SQLite file belongs to

@@ -150,8 +150,11 @@ class RunStore(Protocol):
         """The run's events with seq > after_seq, in order."""
         ...
 
-    async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
-        """The thread's most recent cancelled or interrupted run, if any."""
+    async def latest_resumable(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str = ""
+    ) -> RunRecord | None:
+        """The thread's most recent cancelled or interrupted run, if any, other than
+        `exclude_run_id` (a continue run looking for the run it continues)."""
         ...
 
     async def mark_interrupted(self) -> int:

@@ -105,8 +105,10 @@ class PostgresRunStore:
         rows = await self._fetch(_SQL.read_events, (tenant, run_id, after_seq))
         return [StoredEvent(r["seq"], r["kind"], bytes(r["body"])) for r in rows]
 
-    async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
-        rows = await self._fetch(_SQL.latest_resumable, (tenant, thread_id))
+    async def latest_resumable(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str = ""
+    ) -> RunRecord | None:
+        rows = await self._fetch(_SQL.latest_resumable, (tenant, thread_id, exclude_run_id))
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def mark_interrupted(self) -> int:

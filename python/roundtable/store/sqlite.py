@@ -131,8 +131,12 @@ class SqliteRunStore:
         rows = self.conn.execute(_SQL.read_events, (tenant, run_id, after_seq)).fetchall()
         return [StoredEvent(r[0], r[1], bytes(r[2])) for r in rows]
 
-    async def latest_resumable(self, tenant: str, thread_id: str) -> RunRecord | None:
-        row = self.conn.execute(_SQL.latest_resumable, (tenant, thread_id)).fetchone()
+    async def latest_resumable(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str = ""
+    ) -> RunRecord | None:
+        row = self.conn.execute(
+            _SQL.latest_resumable, (tenant, thread_id, exclude_run_id)
+        ).fetchone()
         return run_from_row(row) if row else None
 
     async def mark_interrupted(self) -> int:

@@ -54,7 +54,8 @@ class Statements:
             ),
             latest_resumable=(
                 f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
-                "AND status IN ('cancelled','interrupted') ORDER BY created_at DESC LIMIT 1"
+                f"AND run_id<>{p} AND status IN ('cancelled','interrupted') "
+                "ORDER BY created_at DESC LIMIT 1"
             ),
             acquire_lease=(
                 f"UPDATE rt_runs SET owner={p}, lease_until={p} WHERE tenant={p} AND run_id={p} "
