@@ -58,6 +58,7 @@ lint: venv ## buf lint + format, ruff, mypy, go vet + gofmt
 	$(VENV)/bin/mypy
 	cd clients/go && go vet ./... && test -z "$$(gofmt -l .)"
 	cd examples/gateway-go && go vet ./... && test -z "$$(gofmt -l .)"
+	cd bench/goclient && go vet ./... && test -z "$$(gofmt -l .)"
 
 breaking: ## buf breaking check of proto/ against the previous commit
 	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -354,6 +355,64 @@ class Server:
 
 
 # -- machine ------------------------------------------------------------------------------
+
+
+class GoClient:
+    """bench/goclient: the turn driven by a Go gRPC client, as the product's Go gateway would.
+
+    Built with the Go toolchain on first use (its build cache makes later builds instant);
+    `GoClient.available()` is False where there is no `go`, and the variant is left out.
+    The process stays up between batches; `batch(n)` runs n sequential turns in it and
+    returns the mean milliseconds per turn measured by the Go process itself.
+    """
+
+    SOURCE = BENCH / "goclient"
+
+    def __init__(self, binary: Path, address: str, request: Any, work: Path) -> None:
+        self.binary = binary
+        self.address = address
+        self.request_path = work / "goclient-request.bin"
+        self.request_path.write_bytes(request.SerializeToString())
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("go") is not None
+
+    @classmethod
+    async def build(cls, work: Path) -> Path:
+        binary = work / "goclient"
+        proc = await asyncio.create_subprocess_exec(
+            "go", "build", "-o", str(binary), ".", cwd=cls.SOURCE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"go build bench/goclient failed: {out.decode()[-2000:]}")
+        return binary
+
+    async def start(self, prefix: str) -> GoClient:
+        self.proc = await asyncio.create_subprocess_exec(
+            str(self.binary), "-addr", self.address, "-request", str(self.request_path),
+            "-prefix", prefix,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        return self
+
+    async def batch(self, n: int) -> float:
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(f"{n}\n".encode())
+        await self.proc.stdin.drain()
+        line = (await self.proc.stdout.readline()).decode().strip()
+        if not line or line.startswith("error"):
+            raise RuntimeError(f"goclient: {line or 'exited'}")
+        return float(line)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            await self.proc.wait()
 
 
 def machine_info() -> dict[str, Any]:

@@ -108,6 +108,7 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
         )
     )
     for variant, label in (
+        ("iii_grpc_go", "B1 end to end, Go gRPC client (bench/goclient) ÷ floor"),
         ("ii_durable", "B1 in-process durable ÷ floor (ii ÷ i)"),
         ("ii_durable_sync_full", "B1 durable with synchronous=FULL (LangGraph default) ÷ floor"),
         (
@@ -293,6 +294,22 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             "min": e2e["min"] / autogen["max"],
             "max": e2e["max"] / autogen["min"],
         }
+    go_e2e = fig(suite, "B1", "iii_grpc_go")
+    if autogen and go_e2e:
+        goals.append(
+            goal(
+                "B7 the same, Roundtable driven by the Go client ÷ AutoGen",
+                "report",
+                {
+                    "median": go_e2e["median"] / autogen["median"],
+                    "min": go_e2e["min"] / autogen["max"],
+                    "max": go_e2e["max"] / autogen["min"],
+                },
+                None,
+                f"{fmt(go_e2e['median'])} ms vs {fmt(autogen['median'])} ms",
+                "x",
+            )
+        )
     goals.append(
         goal(
             "B7 Roundtable durable turn over gRPC ÷ AutoGen RoundRobinGroupChat in process",

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (
     BENCH,
     COUNT_OFF,
+    GoClient,
     Server,
     kind_of,
     machine_info,
@@ -141,17 +142,30 @@ async def batch_ms(turn: Callable[[], Awaitable[Any]], n: int) -> float:
 
 
 async def interleaved(
-    variants: dict[str, Callable[[], Awaitable[Any]]], cfg: Config, turns: int, reps: int
+    variants: dict[str, Callable[[], Awaitable[Any]]],
+    cfg: Config,
+    turns: int,
+    reps: int,
+    batches: dict[str, Callable[[int], Awaitable[float]]] | None = None,
 ) -> dict[str, list[float]]:
-    """Warm-up, then `reps` rounds of one batch per variant (so noise hits all alike)."""
+    """Warm-up, then `reps` rounds of one batch per variant (so noise hits all alike).
+
+    `variants` run one turn per call; `batches` run n turns per call and return the mean
+    ms per turn themselves (a client in another process: bench/goclient).
+    """
     for turn in variants.values():
         for _ in range(cfg.warmup):
             await turn()
-    out: dict[str, list[float]] = {name: [] for name in variants}
+    for run_batch in (batches or {}).values():
+        await run_batch(cfg.warmup)
+    out: dict[str, list[float]] = {name: [] for name in [*variants, *(batches or {})]}
     for _ in range(reps):
         for name, turn in variants.items():
             gc.collect()
             out[name].append(await batch_ms(turn, turns))
+        for name, run_batch in (batches or {}).items():
+            gc.collect()
+            out[name].append(await run_batch(turns))
     return out
 
 
@@ -200,7 +214,7 @@ class MemoryRunStore:
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[Any]:
         return [e for e in self.events.get((tenant, run_id), []) if e.seq > after_seq]
 
-    async def latest_resumable(self, tenant: str, thread_id: str) -> Any:
+    async def latest_resumable(self, tenant: str, thread_id: str, **_: Any) -> Any:
         return None
 
     async def mark_interrupted(self) -> int:
@@ -502,8 +516,8 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         "ii_durable_sync_full": dict(synchronous="FULL"),
         "ii_durable_async": dict(durability="async"),
     }
-    turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_async"]}
-    cpu_used = {"iii_grpc": 0.0, "iii_grpc_async": 0.0}
+    turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_async", "iii_grpc_go"]}
+    cpu_used = {"iii_grpc": 0.0, "iii_grpc_async": 0.0, "iii_grpc_go": 0.0}
     client_cpu = {"iii_grpc": 0.0, "iii_grpc_async": 0.0}
     server = await Server(work / "b1-serve.db", work / "b1-serve.log").start()
     server_async = await Server(
@@ -539,7 +553,22 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             variants = {name: inproc_turn(name) for name in inproc}
             variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
             variants["iii_grpc_async"] = await grpc_variant("iii_grpc_async", server_async)
-            samples = await interleaved(variants, cfg, cfg.turns, cfg.reps)
+            batches = {}
+            if GoClient.available():
+                go = await GoClient(
+                    await GoClient.build(work), f"127.0.0.1:{server.port}", template, work
+                ).start("b1go")
+                stack.push_async_callback(go.stop)
+
+                async def go_batch(n: int) -> float:
+                    cpu0 = server.cpu_seconds()
+                    ms = await go.batch(n)
+                    cpu_used["iii_grpc_go"] += server.cpu_seconds() - cpu0
+                    turns_done["iii_grpc_go"] += n
+                    return ms
+
+                batches["iii_grpc_go"] = go_batch
+            samples = await interleaved(variants, cfg, cfg.turns, cfg.reps, batches)
             rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
             unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))
     finally:
@@ -580,7 +609,9 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             "LangGraph's AsyncSqliteSaver default; ii_durable_async: durability='async' "
             "(a checkpoint after the plan and after the round too); "
             "iii_grpc: a real `roundtable serve` process on loopback, client in the bench "
-            "process; iii_grpc_async: the same with --checkpoint-durability async. "
+            "process; iii_grpc_async: the same with --checkpoint-durability async; "
+            "iii_grpc_go: the iii_grpc server driven by a Go gRPC client (bench/goclient, "
+            "the language of the product's gateway; left out where `go` is missing). "
             "Proto->domain conversion is inside every in-process turn. server_cpu_ms_per_turn: "
             "utime+stime of the serve process per turn (/proc), 10 ms clock ticks; "
             "client_cpu_ms_per_turn: the bench process's own CPU (the Python gRPC client) per "
