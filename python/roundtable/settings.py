@@ -8,6 +8,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
+from roundtable.domain.snapshot import Budgets
+
+_BUDGETS = Budgets()
+"""The domain's budget defaults: the settings' defaults are these, written once."""
+
 ENV_PREFIX = "ROUNDTABLE_"
 
 
@@ -38,10 +43,11 @@ class Settings:
     """Where runs, events and checkpoints live: sqlite:///path/to/file.db, or
     postgresql://user@host:port/db for several replicas."""
     checkpoint_durability: str = "exit"
-    """LangGraph checkpoint durability: exit (one checkpoint when the run ends or stops), or
-    async / sync (also one after each plan and each round of speakers). The event log, not
-    the checkpoint, says which speakers are finished, so resume is exact with any of them;
-    `exit` costs the least (≈2.5 ms less per 4-speaker turn than `async`, see bench/)."""
+    """LangGraph checkpoint durability: exit (one checkpoint when a run stops before its end;
+    a completed run keeps none), or async / sync (also one after each plan and each round of
+    speakers). The event log, not the checkpoint, says which speakers are finished, so resume
+    is exact with any of them; `exit` costs the least (a completed turn reads and writes no
+    checkpoint at all, see bench/)."""
     replica_id: str = ""
     """This replica's id in run leases (default: host-pid-random)."""
     lease_seconds: float = 10.0
@@ -78,13 +84,13 @@ class Settings:
     """Most history messages a snapshot may have."""
     max_message_bytes: int = 32 * 1024
     """Largest user turn or history message."""
-    default_max_speakers: int = 8
+    default_max_speakers: int = _BUDGETS.max_speakers
     """Speakers per turn when the session sets no budget."""
-    default_max_rounds: int = 2
+    default_max_rounds: int = _BUDGETS.max_rounds
     """Supervisor rounds per turn when the session sets no budget."""
-    default_max_output_tokens: int = 512
+    default_max_output_tokens: int = _BUDGETS.max_output_tokens
     """Output tokens per speaker when the session sets no budget."""
-    default_run_timeout_seconds: float = 600.0
+    default_run_timeout_seconds: float = _BUDGETS.run_timeout_s
     """Wall-clock limit of a run when the session sets none."""
 
     @property
