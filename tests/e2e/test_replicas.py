@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -191,3 +192,51 @@ async def test_two_replicas_never_run_one_run_at_once(shared_store: str, tmp_pat
     for events in results:
         assert [f.reply_id for f in finals(events)] == [f"rep-3#{i}" for i in range(6)]
         assert isinstance(events[-1], epb.RunEvent) and kinds(events)[-1] == "run_completed"
+
+
+async def test_busy_thread_policies_see_the_thread_run_of_another_replica(
+    shared_store: str, tmp_path: Path
+) -> None:
+    first = six_speakers("rep-4")
+    thread = first.context.thread_id
+
+    def next_turn(run_id: str, policy: int) -> pb.StartRunRequest:
+        request = start_request("@Alice hi", run_id=run_id, thread_id=thread)
+        request.options.busy_thread_policy = policy
+        return request
+
+    async with (
+        two_replicas(shared_store, tmp_path) as (a, b),
+        a.channel() as a_channel,
+        b.channel() as b_channel,
+    ):
+        a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+        call = a_stub.StartRun(first)
+        events = []
+        async for response in call:
+            events.append(response.event)
+            if response.event.WhichOneof("payload") == "speaker_started":
+                break
+
+        # REJECT on B: the thread is busy on A, and the rejected run leaves no trace.
+        with pytest.raises(grpc.aio.AioRpcError) as busy:
+            await collect(
+                b_stub.StartRun(next_turn("rep-4-rejected", pb.BUSY_THREAD_POLICY_REJECT))
+            )
+        assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await b_stub.GetRun(pb.GetRunRequest(run_id="rep-4-rejected", tenant="tenant-1"))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+        # INTERRUPT on B: A stops at its next speaker boundary, then B's turn runs.
+        second = await collect(
+            b_stub.StartRun(next_turn("rep-4-next", pb.BUSY_THREAD_POLICY_INTERRUPT))
+        )
+        events += await collect(call)
+    cancelled = of_kind(events, "run_cancelled")
+    assert cancelled and cancelled[0].run_cancelled.reason == "interrupted_by_new_run"
+    assert len(finals(events)) < 6
+    assert [f.member_id for f in finals(second)] == ["a"]
+    assert second[0].emitted_at.ToNanoseconds() >= events[-1].emitted_at.ToNanoseconds(), (
+        "B's turn starts once A's run has ended"
+    )

@@ -121,7 +121,8 @@ class Launch:
     directive: Directive
     resumed: bool
     continuation: Continuation | None
-    wait_for: LiveRun | None
+    wait_for: Callable[[], Awaitable[Any]] | None
+    """Waits until the thread's busy run (here or on another replica) has ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +206,8 @@ class RunManager:
             self._check_capacity(ctx.tenant)
             directive = classify(request.snapshot)
             wait_for = self._claim_thread(request, directive)
+            if wait_for is None and self.store.shared:
+                wait_for = await self._claim_thread_across_replicas(request, directive)
             if record is None:
                 now = time.time()
                 record = RunRecord(
@@ -286,8 +289,10 @@ class RunManager:
         if record.fingerprint != request.fingerprint:
             raise RunAlreadyExists(f"run {record.run_id!r}")
 
-    def _claim_thread(self, request: RunRequest, directive: Directive) -> LiveRun | None:
-        """Applies the busy-thread policy; returns a run to wait for, if any."""
+    def _claim_thread(
+        self, request: RunRequest, directive: Directive
+    ) -> Callable[[], Awaitable[Any]] | None:
+        """Applies the busy-thread policy to this process's runs; returns what to wait for."""
         ctx = request.context
         busy = self._threads.get((ctx.tenant, ctx.thread_id))
         if busy is None or busy.done.is_set():
@@ -301,7 +306,46 @@ class RunManager:
             raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy.record.run_id!r}")
         if policy is BusyThreadPolicy.INTERRUPT:
             busy.stop.request("interrupted_by_new_run")
-        return busy
+        return busy.done.wait
+
+    async def _claim_thread_across_replicas(
+        self, request: RunRequest, directive: Directive
+    ) -> Callable[[], Awaitable[Any]] | None:
+        """Applies the busy-thread policy to a run of the thread on another replica.
+
+        Such a run is known from the shared registry (running or queued, under a live lease);
+        it is stopped through a cancel recorded there, which its replica honours at its next
+        speaker boundary, and waited for by polling its record.
+        """
+        ctx = request.context
+        busy = await self.store.live_thread_run(
+            ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, now=time.time()
+        )
+        if busy is None:
+            return None
+        if directive.kind is DirectiveKind.STOP:
+            await self.store.request_cancel(ctx.tenant, busy.run_id, "graceful", "stop_directive")
+            return None
+        policy = request.options.busy_thread_policy
+        if policy is BusyThreadPolicy.REJECT:
+            raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy.run_id!r}")
+        if policy is BusyThreadPolicy.INTERRUPT:
+            await self.store.request_cancel(
+                ctx.tenant, busy.run_id, "graceful", "interrupted_by_new_run"
+            )
+        return lambda: self._wait_for_remote(busy)
+
+    async def _wait_for_remote(self, busy: RunRecord) -> None:
+        """Returns once another replica's run has ended, or its lease ran out (it died)."""
+        while True:
+            await asyncio.sleep(self.follow_poll_s)
+            current = await self.store.get_run(busy.tenant, busy.run_id)
+            if (
+                current is None
+                or current.status not in ACTIVE
+                or not current.leased_by_other(self.owner, time.time())
+            ):
+                return
 
     async def _find_continuation(
         self, tenant: str, thread_id: str, run_id: str
@@ -389,7 +433,7 @@ class RunManager:
             live.stop.poller = lambda: self._remote_cancel(record)
         try:
             if launch.wait_for is not None:
-                await launch.wait_for.done.wait()
+                await launch.wait_for()
                 if live.stop.requested:
                     raise Drained(live.stop.reason)
                 record.status = RunStatus.RUNNING

@@ -157,6 +157,13 @@ class RunStore(Protocol):
         `exclude_run_id` (a continue run looking for the run it continues)."""
         ...
 
+    async def live_thread_run(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str, now: float
+    ) -> RunRecord | None:
+        """A run of the thread, other than `exclude_run_id`, that a replica holds a live
+        lease on (running or queued): what the busy-thread policy looks at across replicas."""
+        ...
+
     async def mark_interrupted(self) -> int:
         """Marks runs left `running` or `queued` by a dead process as interrupted.
 

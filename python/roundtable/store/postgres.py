@@ -111,6 +111,12 @@ class PostgresRunStore:
         rows = await self._fetch(_SQL.latest_resumable, (tenant, thread_id, exclude_run_id))
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
+    async def live_thread_run(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str, now: float
+    ) -> RunRecord | None:
+        rows = await self._fetch(_SQL.live_thread_run, (tenant, thread_id, exclude_run_id, now))
+        return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
+
     async def mark_interrupted(self) -> int:
         now = time.time()
         return await self._execute(

@@ -139,6 +139,14 @@ class SqliteRunStore:
         ).fetchone()
         return run_from_row(row) if row else None
 
+    async def live_thread_run(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str, now: float
+    ) -> RunRecord | None:
+        row = self.conn.execute(
+            _SQL.live_thread_run, (tenant, thread_id, exclude_run_id, now)
+        ).fetchone()
+        return run_from_row(row) if row else None
+
     async def mark_interrupted(self) -> int:
         cursor = self.conn.execute(
             # The file belongs to this process: whoever held these runs is gone.

@@ -26,6 +26,7 @@ class Statements:
     append_event: str
     read_events: str
     latest_resumable: str
+    live_thread_run: str
     acquire_lease: str
     renew_lease: str
     release_lease: str
@@ -55,6 +56,11 @@ class Statements:
             latest_resumable=(
                 f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
                 f"AND run_id<>{p} AND status IN ('cancelled','interrupted') "
+                "ORDER BY created_at DESC LIMIT 1"
+            ),
+            live_thread_run=(
+                f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
+                f"AND run_id<>{p} AND status IN ('running','queued') AND lease_until>{p} "
                 "ORDER BY created_at DESC LIMIT 1"
             ),
             acquire_lease=(
