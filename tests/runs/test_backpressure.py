@@ -10,7 +10,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from roundtable.domain.errors import StreamOverflow
-from roundtable.runs.live import Subscription
+from roundtable.runs.live import MERGED_DELTA_MAX, Subscription
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
@@ -90,6 +90,61 @@ async def test_a_full_buffer_drops_deltas_then_ends_the_stream_on_a_durable_even
     )
     received = [e async for e in sub]
     assert received == [] and isinstance(sub.error, StreamOverflow) and not sub.reached_end
+
+
+def delta(text: str, reply: str = "r#0", attempt: int = 0, seq: int = 1) -> epb.RunEvent:
+    out = epb.RunEvent(run_id="r", seq=seq)
+    out.assistant_delta.reply_id = reply
+    out.assistant_delta.text = text
+    out.assistant_delta.attempt = attempt
+    return out
+
+
+def texts(events: list[epb.RunEvent]) -> list[tuple[str, str, int]]:
+    return [
+        (e.assistant_delta.reply_id, e.assistant_delta.text, e.assistant_delta.attempt)
+        if e.WhichOneof("payload") == "assistant_delta"
+        else ("durable", str(e.seq), 0)
+        for e in events
+    ]
+
+
+async def test_a_reader_behind_gets_the_deltas_waiting_for_it_merged() -> None:
+    behind = Subscription([], ended=False, buffer=100)
+    keeping_up = Subscription([], ended=False, buffer=100)
+    chunks = [delta("a"), delta("b"), delta("c"), delta("d", attempt=1), event(2, "durable")]
+    chunks += [delta("e", seq=2), delta("f", reply="r#1", seq=2), delta("g", reply="r#1", seq=2)]
+    received_live = []
+    for chunk in chunks:
+        for sub in (behind, keeping_up):
+            assert sub.offer(chunk, durable=chunk.WhichOneof("payload") != "assistant_delta")
+        # keeping_up's reader takes each event as it comes: nothing waits, nothing merges.
+        received_live.append(keeping_up._items.popleft())
+    behind.end()
+    received = [e async for e in behind]
+    # Same reply and attempt, and nothing durable between them: one message; the order and
+    # every character are kept.
+    assert texts(received) == [
+        ("r#0", "abc", 0),
+        ("r#0", "d", 1),
+        ("durable", "2", 0),
+        ("r#0", "e", 0),
+        ("r#1", "fg", 0),
+    ]
+    # The published events, shared by every stream, are left as they were.
+    assert texts(received_live) == texts(chunks)
+    assert behind.dropped_deltas == 0
+
+
+async def test_merged_deltas_stay_under_the_cap_and_within_the_buffer() -> None:
+    sub = Subscription([], ended=False, buffer=2)
+    big = "x" * (MERGED_DELTA_MAX // 2)
+    for _ in range(5):
+        assert sub.offer(delta(big), durable=False)
+    sub.end()
+    received = [e async for e in sub]
+    assert [len(e.assistant_delta.text) for e in received] == [MERGED_DELTA_MAX] * 2
+    assert sub.dropped_deltas == 1, "the fifth half-cap chunk found the buffer full"
 
 
 async def test_a_slow_reader_is_cut_off_and_loses_nothing_by_re_attaching(start_server) -> None:

@@ -16,10 +16,19 @@ from roundtable.store.base import RunRecord
 from roundtable.v1 import events_pb2 as epb
 
 _END = None
+MERGED_DELTA_MAX = 64 * 1024
+"""Largest text a merged delta reaches (characters; the proto's delta_max_bytes ceiling)."""
 
 
 class Subscription:
     """One stream's view of a run: a backlog of durable events, then live ones, then the end.
+
+    A reader that falls behind gets the delta chunks still queued for it merged: a chunk
+    offered while the queue's last item is a delta of the same reply and attempt is
+    appended to it (up to MERGED_DELTA_MAX). The sink's window and size cap decide when a
+    chunk leaves the run; merging only acts on chunks that would otherwise wait in line,
+    so a stream that keeps up sees them as sent, and one that does not gets fewer, larger
+    messages instead of a growing backlog (gRPC's cost is per message).
 
     A slow reader cannot make the server buffer without bound: past `buffer` pending events,
     deltas (live-only) are dropped, and a durable event that does not fit ends the stream
@@ -42,6 +51,11 @@ class Subscription:
         """Why the stream ended without its run's end (the servicer turns it into a status)."""
         self.follower: asyncio.Task[None] | None = None
         """For a run another replica executes: the task that pumps its event log in."""
+        self._own_tail: epb.RunEvent | None = None
+        """The merged delta at the queue's tail: this stream's own copy, safe to extend."""
+        self._tail_parts: list[str] = []
+        self._merged_size = 0
+        """Its text, joined once when it is taken (appending to a str would copy it each time)."""
 
     @property
     def full(self) -> bool:
@@ -62,6 +76,8 @@ class Subscription:
         """Hands a live event over without waiting; False when the stream had to end."""
         if self.closed:
             return False
+        if not durable and self._merge(event):
+            return True
         if self.full:
             if not durable:
                 self.dropped_deltas += 1
@@ -71,6 +87,42 @@ class Subscription:
         self._put(event)
         return True
 
+    def _merge(self, event: epb.RunEvent) -> bool:
+        """Appends a delta to the delta waiting at the tail of the queue, if it can."""
+        items = self._items
+        if not items:
+            return False
+        tail = items[-1]
+        if tail is None or tail.WhichOneof("payload") != "assistant_delta":
+            return False
+        last, new = tail.assistant_delta, event.assistant_delta
+        if (
+            last.reply_id != new.reply_id
+            or last.attempt != new.attempt
+            or (self._merged_size if tail is self._own_tail else len(last.text)) + len(new.text)
+            > MERGED_DELTA_MAX
+        ):
+            return False
+        if tail is not self._own_tail:
+            self._seal()
+            # Published events are shared by every stream of the run: extend a copy.
+            own = epb.RunEvent()
+            own.CopyFrom(tail)
+            items[-1] = self._own_tail = own
+            self._tail_parts = [last.text]
+            self._merged_size = len(last.text)
+        self._tail_parts.append(new.text)
+        self._merged_size += len(new.text)
+        return True
+
+    def _seal(self) -> None:
+        """Writes the merged text into the merged delta; it is extended no more."""
+        own = self._own_tail
+        if own is not None:
+            own.assistant_delta.text = "".join(self._tail_parts)
+            self._own_tail = None
+            self._tail_parts = []
+
     def end(self, error: RoundtableError | None = None) -> None:
         """Ends the stream: pending events are discarded when it ends with an error."""
         if self.closed:
@@ -79,6 +131,7 @@ class Subscription:
         if error is not None:
             self.error = error
             self._items.clear()
+            self._own_tail = None
         self._put(_END)
 
     async def __aiter__(self) -> AsyncIterator[epb.RunEvent]:
@@ -91,6 +144,8 @@ class Subscription:
                 finally:
                     self._waiter = None
             event = items.popleft()
+            if event is not None and event is self._own_tail:
+                self._seal()
             if event is _END:
                 self.reached_end = self.error is None
                 return

@@ -450,7 +450,10 @@ type RunOptions struct {
 	// Deltas are coalesced: a chunk is sent when this many milliseconds passed
 	// since the chunk began (default 20, at most 1,000)...
 	DeltaWindowMs uint32 `protobuf:"varint,2,opt,name=delta_window_ms,json=deltaWindowMs,proto3" json:"delta_window_ms,omitempty"`
-	// ...or when it holds this many bytes (default 1,024, at most 65,536).
+	// ...or when it holds this many bytes (default 1,024, at most 65,536). A
+	// stream whose reader has fallen behind gets the chunks of one reply still
+	// queued for it merged into one message of at most 65,536 characters, so it
+	// catches up with fewer, larger messages.
 	DeltaMaxBytes uint32 `protobuf:"varint,3,opt,name=delta_max_bytes,json=deltaMaxBytes,proto3" json:"delta_max_bytes,omitempty"`
 	// What a dropped StartRun stream does.
 	DisconnectPolicy DisconnectPolicy `protobuf:"varint,4,opt,name=disconnect_policy,json=disconnectPolicy,proto3,enum=roundtable.v1.DisconnectPolicy" json:"disconnect_policy,omitempty"`
