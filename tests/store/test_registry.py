@@ -30,14 +30,28 @@ async def test_live_thread_run_is_a_running_or_queued_run_under_a_live_lease(ser
     assert await store.create_run(record("live", RunStatus.RUNNING, lease_until=now + 30, age=1))
     assert await store.create_run(record("waiting", RunStatus.QUEUED, lease_until=now + 30))
 
-    found = await store.live_thread_run("acme", "t-1", exclude_run_id="", now=now)
+    found = await store.live_thread_run("acme", "t-1", exclude_run_id="", owner="me", now=now)
     assert found is not None and found.run_id == "waiting", "the most recent live one"
-    found = await store.live_thread_run("acme", "t-1", exclude_run_id="waiting", now=now)
+    found = await store.live_thread_run(
+        "acme", "t-1", exclude_run_id="waiting", owner="me", now=now
+    )
     assert found is not None and found.run_id == "live"
-    assert await store.live_thread_run("acme", "t-2", exclude_run_id="", now=now) is None
-    assert await store.live_thread_run("other", "t-1", exclude_run_id="", now=now) is None
+    assert (
+        await store.live_thread_run("acme", "t-2", exclude_run_id="", owner="me", now=now) is None
+    )
+    assert (
+        await store.live_thread_run("other", "t-1", exclude_run_id="", owner="me", now=now) is None
+    )
+    # A replica's own runs are left out: it knows them in memory.
+    assert (
+        await store.live_thread_run("acme", "t-1", exclude_run_id="", owner="replica-x", now=now)
+        is None
+    )
     # Once every lease has run out, nobody holds the thread (their replicas died).
-    assert await store.live_thread_run("acme", "t-1", exclude_run_id="", now=now + 60) is None
+    assert (
+        await store.live_thread_run("acme", "t-1", exclude_run_id="", owner="me", now=now + 60)
+        is None
+    )
 
 
 async def test_latest_resumable_can_leave_out_the_asking_run(server) -> None:

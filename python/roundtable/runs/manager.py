@@ -319,7 +319,7 @@ class RunManager:
         """
         ctx = request.context
         busy = await self.store.live_thread_run(
-            ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, now=time.time()
+            ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=time.time()
         )
         if busy is None:
             return None

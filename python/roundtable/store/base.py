@@ -158,10 +158,11 @@ class RunStore(Protocol):
         ...
 
     async def live_thread_run(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str, now: float
+        self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
     ) -> RunRecord | None:
-        """A run of the thread, other than `exclude_run_id`, that a replica holds a live
-        lease on (running or queued): what the busy-thread policy looks at across replicas."""
+        """A run of the thread, other than `exclude_run_id`, that a replica other than
+        `owner` holds a live lease on (running or queued): what the busy-thread policy looks
+        at across replicas (a replica knows its own runs in memory)."""
         ...
 
     async def mark_interrupted(self) -> int:

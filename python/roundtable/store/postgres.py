@@ -112,9 +112,11 @@ class PostgresRunStore:
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def live_thread_run(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str, now: float
+        self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
     ) -> RunRecord | None:
-        rows = await self._fetch(_SQL.live_thread_run, (tenant, thread_id, exclude_run_id, now))
+        rows = await self._fetch(
+            _SQL.live_thread_run, (tenant, thread_id, exclude_run_id, owner, now)
+        )
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def mark_interrupted(self) -> int:

@@ -140,10 +140,10 @@ class SqliteRunStore:
         return run_from_row(row) if row else None
 
     async def live_thread_run(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str, now: float
+        self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
     ) -> RunRecord | None:
         row = self.conn.execute(
-            _SQL.live_thread_run, (tenant, thread_id, exclude_run_id, now)
+            _SQL.live_thread_run, (tenant, thread_id, exclude_run_id, owner, now)
         ).fetchone()
         return run_from_row(row) if row else None
 

@@ -60,7 +60,8 @@ class Statements:
             ),
             live_thread_run=(
                 f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
-                f"AND run_id<>{p} AND status IN ('running','queued') AND lease_until>{p} "
+                f"AND run_id<>{p} AND owner<>{p} AND status IN ('running','queued') "
+                f"AND lease_until>{p} "
                 "ORDER BY created_at DESC LIMIT 1"
             ),
             acquire_lease=(
