@@ -517,6 +517,7 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         "ii_durable_async": dict(durability="async"),
     }
     turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_async", "iii_grpc_go"]}
+    go_left_out = ""
     cpu_used = {"iii_grpc": 0.0, "iii_grpc_async": 0.0, "iii_grpc_go": 0.0}
     client_cpu = {"iii_grpc": 0.0, "iii_grpc_async": 0.0}
     server = await Server(work / "b1-serve.db", work / "b1-serve.log").start()
@@ -554,10 +555,18 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
             variants["iii_grpc_async"] = await grpc_variant("iii_grpc_async", server_async)
             batches = {}
-            if GoClient.available():
-                go = await GoClient(
-                    await GoClient.build(work), f"127.0.0.1:{server.port}", template, work
-                ).start("b1go")
+            go_binary = None
+            if not GoClient.available():
+                go_left_out = "no `go` on PATH"
+            else:
+                try:
+                    go_binary = await GoClient.build(work)
+                except RuntimeError as exc:  # e.g. modules not downloadable here
+                    go_left_out = str(exc)
+            if go_binary is not None:
+                go = await GoClient(go_binary, f"127.0.0.1:{server.port}", template, work).start(
+                    "b1go"
+                )
                 stack.push_async_callback(go.stop)
 
                 async def go_batch(n: int) -> float:
@@ -597,6 +606,7 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         },
         "durability": durability,
         "floor_store_noop_methods": unknown,
+        "iii_grpc_go_left_out": go_left_out,
         "components": components,
         "notes": (
             "Every in-process variant is running_server() (the composition root) driven "

@@ -44,7 +44,7 @@ class Settings:
     postgresql://user@host:port/db for several replicas."""
     checkpoint_durability: str = "exit"
     """LangGraph checkpoint durability: exit (one checkpoint when a run stops before its end;
-    a completed run keeps none), or async / sync (also one after each plan and each round of
+    a run completing writes none), or async / sync (also one after each plan and each round of
     speakers). The event log, not the checkpoint, says which speakers are finished, so resume
     is exact with any of them; `exit` costs the least (a completed turn reads and writes no
     checkpoint at all, see bench/)."""

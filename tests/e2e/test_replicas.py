@@ -240,3 +240,72 @@ async def test_busy_thread_policies_see_the_thread_run_of_another_replica(
     assert second[0].emitted_at.ToNanoseconds() >= events[-1].emitted_at.ToNanoseconds(), (
         "B's turn starts once A's run has ended"
     )
+
+
+async def test_enqueued_runs_of_one_thread_on_two_replicas_run_one_after_another(
+    shared_store: str, tmp_path: Path
+) -> None:
+    first = six_speakers("rep-5")
+    thread = first.context.thread_id
+
+    def queued(run_id: str) -> pb.StartRunRequest:
+        request = start_request("@Alice hi", run_id=run_id, thread_id=thread)
+        request.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
+        return request
+
+    async with (
+        two_replicas(shared_store, tmp_path) as (a, b),
+        a.channel() as a_channel,
+        b.channel() as b_channel,
+    ):
+        a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+        call = a_stub.StartRun(first)
+        head = []
+        async for response in call:
+            head.append(response.event)
+            if response.event.WhichOneof("payload") == "speaker_started":
+                break
+        # B waits on replica b for A; then C waits on replica a for A and for B.
+        on_b = asyncio.create_task(collect(b_stub.StartRun(queued("rep-5-b"))))
+        await asyncio.sleep(0.3)
+        on_a = asyncio.create_task(collect(a_stub.StartRun(queued("rep-5-c"))))
+        runs = [head + await collect(call), await on_b, await on_a]
+
+    spans = [(e[0].emitted_at.ToNanoseconds(), e[-1].emitted_at.ToNanoseconds()) for e in runs]
+    assert [kinds(e)[-1] for e in runs] == ["run_completed"] * 3
+    assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0], (
+        "one run of the thread at a time, in the order they came"
+    )
+
+
+async def test_a_stop_turn_on_another_replica_stops_the_running_and_the_waiting_run(
+    shared_store: str, tmp_path: Path
+) -> None:
+    first = six_speakers("rep-6")
+    thread = first.context.thread_id
+    waiting = start_request("@Bob hi", run_id="rep-6-w", thread_id=thread)
+    waiting.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
+    async with (
+        two_replicas(shared_store, tmp_path) as (a, b),
+        a.channel() as a_channel,
+        b.channel() as b_channel,
+    ):
+        a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+        call = a_stub.StartRun(first)
+        events = []
+        async for response in call:
+            events.append(response.event)
+            if response.event.WhichOneof("payload") == "speaker_started":
+                break
+        behind = asyncio.create_task(collect(a_stub.StartRun(waiting)))
+        await asyncio.sleep(0.3)
+        stop = await collect(
+            b_stub.StartRun(start_request("停止", run_id="rep-6-s", thread_id=thread))
+        )
+        events += await collect(call)
+        waited = await behind
+    assert kinds(stop) == ["run_started", "plan_created", "run_completed"]
+    assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "stop_directive"
+    assert len(finals(events)) < 6
+    assert kinds(waited) == ["run_cancelled"], "the waiting run never started"
+    assert waited[0].run_cancelled.reason == "stop_directive"

@@ -8,7 +8,7 @@ from collections import Counter
 
 import grpc
 import pytest
-from roundtable.api.convert import run_request_from_proto
+from roundtable.api.convert import legacy_fingerprint, run_request_from_proto
 from roundtable.api.limits import RequestLimits
 from roundtable.domain.snapshot import Budgets
 from roundtable.store.base import RunRecord, RunStatus, StoredEvent
@@ -219,8 +219,9 @@ async def test_cancel_of_a_finished_run_changes_nothing(stub) -> None:
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.parametrize("claimed", [True, False], ids=["after-its-claim", "before-its-claim"])
 async def test_a_continue_turn_that_died_before_its_plan_resumes_with_the_steps_left(
-    server, stub
+    server, stub, claimed
 ) -> None:
     # Run A is cancelled after its first speaker: three steps are left.
     call = stub.StartRun(slow_request(run_id="cw-a", thread_id="t-cw"))
@@ -230,8 +231,8 @@ async def test_a_continue_turn_that_died_before_its_plan_resumes_with_the_steps_
     assert len(left) >= 2
 
     # "继续" (run B) starts, logs run_started, and its process dies before B's plan is in the
-    # log. That is what the registry and the log then hold (A untouched: it is only marked
-    # continued once B's plan is durable).
+    # log: that is what the registry and the log then hold. B claims A's steps before it
+    # logs anything, so A is marked continued by B, unless B died before even that.
     request = slow_request("继续", run_id="cw-b", thread_id="t-cw")
     fingerprint = run_request_from_proto(
         request, limits=RequestLimits(), defaults=Budgets()
@@ -255,7 +256,8 @@ async def test_a_continue_turn_that_died_before_its_plan_resumes_with_the_steps_
     await server.store.append_event(
         "tenant-1", "cw-b", StoredEvent(1, "run_started", started.SerializeToString())
     )
-    assert await get_status(stub, "cw-a") == pb.RUN_STATUS_CANCELLED
+    if claimed:
+        assert await server.store.claim_continuation("tenant-1", "cw-a", "cw-b")
 
     # The gateway retries B: it resumes and still continues A, with A's reply ids.
     resumed = await collect(stub.StartRun(request))
@@ -266,3 +268,57 @@ async def test_a_continue_turn_that_died_before_its_plan_resumes_with_the_steps_
     assert [f.reply_id for f in finals(resumed)] == [s.reply_id for s in left]
     assert await get_status(stub, "cw-a") == pb.RUN_STATUS_CONTINUED
     assert await get_status(stub, "cw-b") == pb.RUN_STATUS_SUCCEEDED
+
+
+async def test_two_continue_turns_never_take_over_the_same_steps(stub) -> None:
+    # Run A is cancelled with steps left; run L is speaking on the thread.
+    call = stub.StartRun(slow_request(run_id="two-a", thread_id="t-two"))
+    await read_until(call, is_started(1))
+    await stub.CancelRun(pb.CancelRunRequest(run_id="two-a", tenant="tenant-1"))
+    left = of_kind(await collect(call), "run_cancelled")[0].run_cancelled.steps_left
+    busy = stub.StartRun(slow_request("@Alice hi", run_id="two-l", thread_id="t-two"))
+    await read_until(busy, is_started(0))
+
+    # Two "继续" turns queue behind L, one after the other.
+    enqueue = pb.RunOptions(busy_thread_policy=pb.BUSY_THREAD_POLICY_ENQUEUE)
+    first = stub.StartRun(slow_request("继续", run_id="two-c1", thread_id="t-two", options=enqueue))
+    await asyncio.sleep(0.05)
+    second = stub.StartRun(
+        slow_request("继续", run_id="two-c2", thread_id="t-two", options=enqueue)
+    )
+    first_events, second_events = await asyncio.gather(collect(first), collect(second))
+    await collect(busy)
+
+    assert [f.reply_id for f in finals(first_events)] == [s.reply_id for s in left]
+    plan = of_kind(second_events, "plan_created")[0].plan_created
+    assert plan.fallback_reason == "nothing to continue" and not finals(second_events)
+    assert await get_status(stub, "two-a") == pb.RUN_STATUS_CONTINUED
+
+
+async def test_a_run_recorded_by_an_older_version_resumes_by_its_old_fingerprint(
+    server, stub
+) -> None:
+    # An interrupted run whose registry row holds the sha256 fingerprint versions before
+    # xxh3 stored (a restart onto an upgraded server, or a rolling deploy).
+    request = start_request("报数", run_id="old-1", thread_id="t-old")
+    old = legacy_fingerprint("t-old", request.snapshot.SerializeToString(deterministic=True))
+    now = time.time()
+    assert await server.store.create_run(
+        RunRecord(
+            tenant="tenant-1",
+            run_id="old-1",
+            thread_id="t-old",
+            fingerprint=old,
+            status=RunStatus.INTERRUPTED,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    events = await collect(stub.StartRun(request))
+    assert kinds(events)[-1] == "run_completed" and len(finals(events)) == 4
+
+    # A different turn under the same run id is still refused.
+    other = start_request("@Alice hi", run_id="old-1", thread_id="t-old")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await collect(stub.StartRun(other))
+    assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS

@@ -67,6 +67,20 @@ async def test_checkpoints_of_a_completed_count_off(start_server, durability, ex
         assert "snapshot" not in latest and "credentials" not in str(saved[0].metadata)
 
 
+def count_reads(server: Any) -> list[str]:
+    """Records the thread of every checkpoint read that reaches the database."""
+    inner = server.manager.checkpoints.inner
+    reads: list[str] = []
+    read = inner.aget_tuple
+
+    async def counted(config: Any) -> Any:
+        reads.append(config["configurable"]["thread_id"])
+        return await read(config)
+
+    inner.aget_tuple = counted
+    return reads
+
+
 async def test_a_stopped_run_keeps_the_checkpoint_it_resumes_from(start_server) -> None:
     members = [member(m, m.upper(), model=SLOW) for m in "abcd"]
     request = start_request("@all hello", run_id="ck-stop", tenant="acme", members=members)
@@ -75,6 +89,7 @@ async def test_a_stopped_run_keeps_the_checkpoint_it_resumes_from(start_server) 
         grpc.aio.insecure_channel(server.address) as channel,
     ):
         stub = pb_grpc.OrchestratorServiceStub(channel)
+        reads = count_reads(server)
         call = stub.StartRun(request)
         async for response in call:
             if response.event.WhichOneof("payload") == "speaker_started":
@@ -87,9 +102,13 @@ async def test_a_stopped_run_keeps_the_checkpoint_it_resumes_from(start_server) 
         assert [s["steps"] for s in shapes(saved)] == [4]
         assert "snapshot" not in saved[0].checkpoint["channel_values"]
 
+        # A first execution never reads a checkpoint from the database.
+        assert reads == []
+
         # The same StartRun resumes from it: no second plan, nobody speaks twice; and the
         # completed resume adds no checkpoint of its own.
         second = await collect(stub.StartRun(request))
+        assert checkpoint_thread("acme", "ck-stop") in reads, "a resume reads its checkpoint"
         assert second[0].run_started.resumed and not of_kind(second, "plan_created")
         done = [f.reply_id for f in finals(first + second)]
         assert sorted(done) == [f"ck-stop#{i}" for i in range(4)]

@@ -1,10 +1,13 @@
-"""The run registry's thread queries, on SQLite and Postgres alike."""
+"""The run registry's thread queries and continuation claims, on SQLite and Postgres alike."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from pathlib import Path
 
 from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.sqlite import SqliteRunStore
 
 
 def record(run_id: str, status: RunStatus, *, lease_until: float = 0.0, age: float = 0.0):
@@ -22,7 +25,7 @@ def record(run_id: str, status: RunStatus, *, lease_until: float = 0.0, age: flo
     )
 
 
-async def test_live_thread_run_is_a_running_or_queued_run_under_a_live_lease(server) -> None:
+async def test_live_thread_runs_are_running_or_queued_runs_under_a_live_lease(server) -> None:
     store = server.store
     now = time.time()
     assert await store.create_run(record("dead", RunStatus.RUNNING, lease_until=now - 1, age=3))
@@ -30,27 +33,24 @@ async def test_live_thread_run_is_a_running_or_queued_run_under_a_live_lease(ser
     assert await store.create_run(record("live", RunStatus.RUNNING, lease_until=now + 30, age=1))
     assert await store.create_run(record("waiting", RunStatus.QUEUED, lease_until=now + 30))
 
-    found = await store.live_thread_run("acme", "t-1", exclude_run_id="", owner="me", now=now)
-    assert found is not None and found.run_id == "waiting", "the most recent live one"
-    found = await store.live_thread_run(
+    def ids(runs: list[RunRecord]) -> list[str]:
+        return [r.run_id for r in runs]
+
+    found = await store.live_thread_runs("acme", "t-1", exclude_run_id="", owner="me", now=now)
+    assert ids(found) == ["live", "waiting"], "oldest first"
+    found = await store.live_thread_runs(
         "acme", "t-1", exclude_run_id="waiting", owner="me", now=now
     )
-    assert found is not None and found.run_id == "live"
-    assert (
-        await store.live_thread_run("acme", "t-2", exclude_run_id="", owner="me", now=now) is None
-    )
-    assert (
-        await store.live_thread_run("other", "t-1", exclude_run_id="", owner="me", now=now) is None
-    )
+    assert ids(found) == ["live"]
+    assert not await store.live_thread_runs("acme", "t-2", exclude_run_id="", owner="me", now=now)
+    assert not await store.live_thread_runs("other", "t-1", exclude_run_id="", owner="me", now=now)
     # A replica's own runs are left out: it knows them in memory.
-    assert (
-        await store.live_thread_run("acme", "t-1", exclude_run_id="", owner="replica-x", now=now)
-        is None
+    assert not await store.live_thread_runs(
+        "acme", "t-1", exclude_run_id="", owner="replica-x", now=now
     )
     # Once every lease has run out, nobody holds the thread (their replicas died).
-    assert (
-        await store.live_thread_run("acme", "t-1", exclude_run_id="", owner="me", now=now + 60)
-        is None
+    assert not await store.live_thread_runs(
+        "acme", "t-1", exclude_run_id="", owner="me", now=now + 60
     )
 
 
@@ -62,3 +62,44 @@ async def test_latest_resumable_can_leave_out_the_asking_run(server) -> None:
     assert latest is not None and latest.run_id == "continuing"
     other = await store.latest_resumable("acme", "t-1", exclude_run_id="continuing")
     assert other is not None and other.run_id == "earlier"
+
+
+async def test_a_run_is_continued_by_one_run_only(server) -> None:
+    store = server.store
+    assert await store.create_run(record("earlier", RunStatus.CANCELLED))
+    assert await store.create_run(record("done", RunStatus.SUCCEEDED))
+    assert await store.claim_continuation("acme", "earlier", "first")
+    assert not await store.claim_continuation("acme", "earlier", "second"), "taken already"
+    assert not await store.claim_continuation("acme", "done", "second"), "not resumable"
+    claimed = await store.continued_run("acme", "first")
+    assert claimed is not None and claimed.run_id == "earlier"
+    assert claimed.status is RunStatus.CONTINUED and claimed.continued_by == "first"
+    assert await store.continued_run("acme", "second") is None
+    assert await store.latest_resumable("acme", "t-1") is None
+
+
+async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE rt_runs (tenant TEXT NOT NULL, run_id TEXT NOT NULL, thread_id TEXT NOT"
+        " NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL, plan_json TEXT NOT NULL DEFAULT"
+        " '[]', finished_reply_ids TEXT NOT NULL DEFAULT '[]', last_seq INTEGER NOT NULL DEFAULT"
+        " 0, trace_context TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL DEFAULT '', lease_until"
+        " REAL NOT NULL DEFAULT 0, cancel_mode TEXT NOT NULL DEFAULT '', cancel_reason TEXT NOT"
+        " NULL DEFAULT '', created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY"
+        " (tenant, run_id))"
+    )
+    old.execute(
+        "INSERT INTO rt_runs (tenant, run_id, thread_id, fingerprint, status, created_at,"
+        " updated_at) VALUES ('acme', 'kept', 't-1', 'f', 'cancelled', 1, 1)"
+    )
+    old.commit()
+    old.close()
+    store = await SqliteRunStore.open(path)
+    try:
+        kept = await store.get_run("acme", "kept")
+        assert kept is not None and kept.continued_by == ""
+        assert await store.claim_continuation("acme", "kept", "next")
+    finally:
+        await store.close()

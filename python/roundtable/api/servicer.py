@@ -101,16 +101,28 @@ class OrchestratorServicer:
             received, limits=self.limits, defaults=self.budgets
         )
         credentials = dict(request.credentials)
+        thread_id = request.context.thread_id
         del request
-        received.release()
         # The RPC span (made by the OpenTelemetry interceptor before the request was parsed)
         # gets the correlation attributes too.
         trace.get_current_span().set_attributes(run_correlation(run_request.context, "StartRun"))
         try:
             self.auth.authorize_start(context, run_request.context.tenant)
-            subscription = await self.manager.start(run_request, credentials)
+            # The legacy fingerprint hashes the bytes received, so it can only be computed
+            # before they are released below (a later takeover of a followed run recorded by
+            # an older version then answers ALREADY_EXISTS; the run stays reachable by
+            # StreamRun).
+            subscription = await self.manager.start(
+                run_request,
+                credentials,
+                legacy_fingerprint=lambda: convert.legacy_fingerprint(
+                    thread_id, received.snapshot_bytes()
+                ),
+            )
         except RoundtableError as exc:
             await _abort(context, exc)
+        finally:
+            received.release()
         tenant, run_id = run_request.context.tenant, run_request.context.run_id
         try:
             async for event in subscription:

@@ -96,6 +96,20 @@ class NewThreads(Protocol):
         """Drops the mark if the run ended before reading."""
 
 
+def _both(
+    first: Callable[[], Awaitable[Any]] | None, second: Callable[[], Awaitable[Any]] | None
+) -> Callable[[], Awaitable[Any]] | None:
+    """One wait for two (either may be None)."""
+    if first is None or second is None:
+        return first or second
+
+    async def wait() -> None:
+        await first()
+        await second()
+
+    return wait
+
+
 def checkpoint_thread(tenant: str, run_id: str) -> str:
     """The LangGraph checkpoint thread of a run: one per (tenant, run)."""
     return f"{tenant}/{run_id}"
@@ -120,7 +134,6 @@ class Launch:
     credentials: dict[str, str] = field(repr=False)
     directive: Directive
     resumed: bool
-    continuation: Continuation | None
     wait_for: Callable[[], Awaitable[Any]] | None
     """Waits until the thread's busy run (here or on another replica) has ended."""
 
@@ -173,8 +186,17 @@ class RunManager:
 
     # -- starting ---------------------------------------------------------------------------
 
-    async def start(self, request: RunRequest, credentials: dict[str, str]) -> Subscription:
+    async def start(
+        self,
+        request: RunRequest,
+        credentials: dict[str, str],
+        *,
+        legacy_fingerprint: Callable[[], str] | None = None,
+    ) -> Subscription:
         """Starts, attaches to, resumes or replays a run; returns its event stream.
+
+        `legacy_fingerprint` computes the request's fingerprint as older versions did; it is
+        called only when a known run's fingerprint differs from the request's.
 
         Raises:
             RunAlreadyExists: the run id is known with a different snapshot.
@@ -186,17 +208,19 @@ class RunManager:
         async with self._lock:
             live = self._live.get(key)
             if live is not None:
-                self._check_fingerprint(live.record, request)
+                self._check_fingerprint(live.record, request, legacy_fingerprint)
                 return live.subscribe(0)
             record = await self.store.get_run(ctx.tenant, ctx.run_id)
             if record is not None:
-                self._check_fingerprint(record, request)
+                self._check_fingerprint(record, request, legacy_fingerprint)
                 if record.status in ACTIVE:
                     if record.leased_by_other(self.owner, time.time()):
                         return self._follow(
                             record,
                             after_seq=0,
-                            takeover=lambda: self.start(request, credentials),
+                            takeover=lambda: self.start(
+                                request, credentials, legacy_fingerprint=legacy_fingerprint
+                            ),
                         )
                     # Otherwise the process that ran it is gone (its lease expired): resume.
                 elif record.status not in RESUMABLE:
@@ -206,8 +230,10 @@ class RunManager:
             self._check_capacity(ctx.tenant)
             directive = classify(request.snapshot)
             wait_for = self._claim_thread(request, directive)
-            if wait_for is None and self.store.shared:
-                wait_for = await self._claim_thread_across_replicas(request, directive)
+            if self.store.shared:
+                # Also the thread's runs on other replicas: a run waits for all of them.
+                remote = await self._claim_thread_across_replicas(request, directive)
+                wait_for = _both(wait_for, remote)
             if record is None:
                 now = time.time()
                 record = RunRecord(
@@ -227,9 +253,13 @@ class RunManager:
                     # it runs it, we follow (and take over should it die).
                     raced = await self.store.get_run(ctx.tenant, ctx.run_id)
                     assert raced is not None
-                    self._check_fingerprint(raced, request)
+                    self._check_fingerprint(raced, request, legacy_fingerprint)
                     return self._follow(
-                        raced, after_seq=0, takeover=lambda: self.start(request, credentials)
+                        raced,
+                        after_seq=0,
+                        takeover=lambda: self.start(
+                            request, credentials, legacy_fingerprint=legacy_fingerprint
+                        ),
                     )
                 prior_events: list[epb.RunEvent] = []
             else:
@@ -238,7 +268,11 @@ class RunManager:
                 ):
                     # Another replica got there first: follow it (and take over if it dies).
                     return self._follow(
-                        record, after_seq=0, takeover=lambda: self.start(request, credentials)
+                        record,
+                        after_seq=0,
+                        takeover=lambda: self.start(
+                            request, credentials, legacy_fingerprint=legacy_fingerprint
+                        ),
                     )
                 prior_events = [
                     epb.RunEvent.FromString(e.body)
@@ -250,18 +284,9 @@ class RunManager:
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
             live = LiveRun(request=request, record=record, buffer=self.limits.stream_buffer)
+            self._per_tenant[ctx.tenant] += 1
             for event in prior_events:
                 live.progress.observe(event)
-            continuation = None
-            if live.progress.continued_run_id:
-                # A continue run resumed after its plan was logged: the run it continues
-                # may not be marked yet (the process died in between).
-                await self._mark_continued(ctx.tenant, live.progress.continued_run_id)
-            elif directive.kind is DirectiveKind.CONTINUE and not live.progress.steps:
-                # First execution, or a resume before the plan was logged: find the run to
-                # continue (it is marked continued only once this run's plan is durable).
-                continuation = await self._find_continuation(ctx.tenant, ctx.thread_id, ctx.run_id)
-            self._per_tenant[ctx.tenant] += 1
             self._live[key] = live
             self._threads[live.thread_key] = live
             subscription = live.subscribe(record.last_seq)
@@ -269,7 +294,6 @@ class RunManager:
                 credentials=credentials,
                 directive=directive,
                 resumed=bool(prior_events),
-                continuation=continuation,
                 wait_for=wait_for,
             )
             live.task = asyncio.create_task(
@@ -285,9 +309,16 @@ class RunManager:
             raise TooManyRuns(f"{self._per_tenant[tenant]} runs of this tenant")
 
     @staticmethod
-    def _check_fingerprint(record: RunRecord, request: RunRequest) -> None:
-        if record.fingerprint != request.fingerprint:
-            raise RunAlreadyExists(f"run {record.run_id!r}")
+    def _check_fingerprint(
+        record: RunRecord, request: RunRequest, legacy: Callable[[], str] | None
+    ) -> None:
+        if record.fingerprint == request.fingerprint:
+            return
+        # A run recorded by an older version: compare with the fingerprint it computed
+        # (only here, on a mismatch, so the common path never pays for a second hash).
+        if legacy is not None and record.fingerprint == legacy():
+            return
+        raise RunAlreadyExists(f"run {record.run_id!r}")
 
     def _claim_thread(
         self, request: RunRequest, directive: Directive
@@ -298,15 +329,23 @@ class RunManager:
         if busy is None or busy.done.is_set():
             return None
         if directive.kind is DirectiveKind.STOP:
-            # A stop turn always stops the live run, whatever the policy; nobody speaks.
-            busy.stop.request("stop_directive")
+            # A stop turn always stops the thread's live runs (the running one and any
+            # waiting behind it), whatever the policy; nobody speaks.
+            self._stop_thread(busy.thread_key, "stop_directive")
             return None
         policy = request.options.busy_thread_policy
         if policy is BusyThreadPolicy.REJECT:
             raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy.record.run_id!r}")
         if policy is BusyThreadPolicy.INTERRUPT:
-            busy.stop.request("interrupted_by_new_run")
+            self._stop_thread(busy.thread_key, "interrupted_by_new_run")
+        # `busy` is the thread's newest run: it starts only after those before it ended.
         return busy.done.wait
+
+    def _stop_thread(self, thread_key: tuple[str, str], reason: str) -> None:
+        """Asks every live run of a thread in this process to stop (rare: a linear scan)."""
+        for live in self._live.values():
+            if live.thread_key == thread_key and not live.done.is_set():
+                live.stop.request(reason)
 
     async def _claim_thread_across_replicas(
         self, request: RunRequest, directive: Directive
@@ -318,67 +357,62 @@ class RunManager:
         speaker boundary, and waited for by polling its record.
         """
         ctx = request.context
-        busy = await self.store.live_thread_run(
+        busy = await self.store.live_thread_runs(
             ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=time.time()
         )
-        if busy is None:
+        if not busy:
             return None
         if directive.kind is DirectiveKind.STOP:
-            await self.store.request_cancel(ctx.tenant, busy.run_id, "graceful", "stop_directive")
+            for run in busy:
+                await self.store.request_cancel(
+                    ctx.tenant, run.run_id, "graceful", "stop_directive"
+                )
             return None
         policy = request.options.busy_thread_policy
         if policy is BusyThreadPolicy.REJECT:
-            raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy.run_id!r}")
+            raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy[0].run_id!r}")
         if policy is BusyThreadPolicy.INTERRUPT:
-            await self.store.request_cancel(
-                ctx.tenant, busy.run_id, "graceful", "interrupted_by_new_run"
-            )
+            for run in busy:
+                await self.store.request_cancel(
+                    ctx.tenant, run.run_id, "graceful", "interrupted_by_new_run"
+                )
         return lambda: self._wait_for_remote(busy)
 
-    async def _wait_for_remote(self, busy: RunRecord) -> None:
-        """Returns once another replica's run has ended, or its lease ran out (it died)."""
-        while True:
-            await asyncio.sleep(self.follow_poll_s)
-            current = await self.store.get_run(busy.tenant, busy.run_id)
-            if (
-                current is None
-                or current.status not in ACTIVE
-                or not current.leased_by_other(self.owner, time.time())
-            ):
-                return
+    async def _wait_for_remote(self, busy: list[RunRecord]) -> None:
+        """Returns once other replicas' runs have ended, or their leases ran out (died)."""
+        for run in busy:
+            while True:
+                current = await self.store.get_run(run.tenant, run.run_id)
+                if (
+                    current is None
+                    or current.status not in ACTIVE
+                    or not current.leased_by_other(self.owner, time.time())
+                ):
+                    break
+                await asyncio.sleep(self.follow_poll_s)
 
-    async def _find_continuation(
-        self, tenant: str, thread_id: str, run_id: str
-    ) -> Continuation | None:
-        """The steps the thread's last cancelled or interrupted run (not this one) left.
+    async def _continuation_of(self, record: RunRecord) -> Continuation | None:
+        """The steps a continue turn takes over: what the thread's last cancelled or
+        interrupted run left, claimed for this run in the registry.
 
-        The earlier run is not marked here: `_plan_committed` marks it once the continuing
-        run's plan is in the log, so a crash in between loses nothing (the continuing run
-        resumes, finds the same run again, and plans the same steps with the same reply ids).
+        The claim is atomic (two continue turns never take the same steps) and durable (a
+        continue run that dies before its plan is logged finds its claim again on resume,
+        and plans the same steps with the same reply ids).
         """
-        earlier = await self.store.latest_resumable(tenant, thread_id, exclude_run_id=run_id)
+        earlier = await self.store.continued_run(record.tenant, record.run_id)
         if earlier is None:
-            return None
+            earlier = await self.store.latest_resumable(
+                record.tenant, record.thread_id, exclude_run_id=record.run_id
+            )
+            if earlier is None or not await self.store.claim_continuation(
+                record.tenant, earlier.run_id, record.run_id
+            ):
+                return None
         progress = Progress()
-        for stored in await self.store.read_events(tenant, earlier.run_id, 0):
+        for stored in await self.store.read_events(record.tenant, earlier.run_id, 0):
             progress.observe(epb.RunEvent.FromString(stored.body))
         steps = tuple(progress.steps_left)
         return Continuation(run_id=earlier.run_id, steps=steps) if steps else None
-
-    async def _plan_committed(self, live: LiveRun, plan: epb.PlanCreated) -> None:
-        """Marks the run a continue turn continues, now that the turn's plan is durable.
-
-        Before the plan was logged, a crash would have lost the steps left: the earlier
-        run could no longer be continued, and the continuing run had no plan to resume.
-        """
-        if plan.continued_run_id:
-            await self._mark_continued(live.record.tenant, plan.continued_run_id)
-
-    async def _mark_continued(self, tenant: str, run_id: str) -> None:
-        earlier = await self.store.get_run(tenant, run_id)
-        if earlier is not None and earlier.status in RESUMABLE:
-            earlier.status = RunStatus.CONTINUED
-            await self.store.update_run(earlier)
 
     async def _replay(self, record: RunRecord) -> Subscription:
         events = await self.store.read_events(record.tenant, record.run_id, 0)
@@ -413,12 +447,7 @@ class RunManager:
 
     async def _run(self, live: LiveRun, launch: Launch) -> None:
         record = live.record
-        sink = RunSink(
-            live,
-            self.store,
-            first_seq=record.last_seq,
-            on_plan=lambda plan: self._plan_committed(live, plan),
-        )
+        sink = RunSink(live, self.store, first_seq=record.last_seq)
         request = live.request
         status = RunStatus.FAILED
         # Leases only matter where other replicas share the store; a SQLite file belongs to
@@ -434,10 +463,16 @@ class RunManager:
         try:
             if launch.wait_for is not None:
                 await launch.wait_for()
+                await live.stop.refresh()  # a cancel another replica recorded meanwhile
                 if live.stop.requested:
                     raise Drained(live.stop.reason)
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
+            continuation = None
+            if launch.directive.kind is DirectiveKind.CONTINUE and not live.progress.steps:
+                # Claimed only now, once the run may start: a continue turn queued behind
+                # another run takes over whatever is left when its turn comes.
+                continuation = await self._continuation_of(record)
             route = (
                 Route.SINGLE if request.snapshot.session.kind is SessionKind.SINGLE else Route.GROUP
             )
@@ -458,7 +493,7 @@ class RunManager:
                     memory_proposed=live.progress.memory_proposed,
                     verdicts=dict(live.progress.verdicts),
                 ),
-                continuation=launch.continuation,
+                continuation=continuation,
                 settings=self.graph_settings,
                 tracer=self.tracer,
                 metrics=self.metrics,

@@ -25,8 +25,6 @@ class Progress:
     memory_proposed: bool = False
     verdicts: dict[int, tuple[PlanSource, bool]] = field(default_factory=dict)
     """round -> (who planned it, whether the discussion was finished after it)."""
-    continued_run_id: str = ""
-    """The run whose steps left this run's plan continues (a continue turn)."""
 
     def observe(self, event: epb.RunEvent) -> None:
         """Updates the progress with one durable event."""
@@ -40,8 +38,6 @@ class Progress:
                 source,
                 plan.converged if source is PlanSource.SUPERVISOR else True,
             )
-            if plan.continued_run_id:
-                self.continued_run_id = plan.continued_run_id
             known = {s.reply_id for s in self.steps}
             self.steps.extend(
                 plan_step_from_proto(s) for s in event.plan_created.steps if s.reply_id not in known

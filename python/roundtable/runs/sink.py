@@ -13,31 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 from roundtable.api.convert import event_to_proto
 from roundtable.domain.events import AssistantDelta, AssistantFinal, Event, SpeakerFailed
 from roundtable.runs.live import LiveRun
 from roundtable.store.base import RunStore, StoredEvent
-from roundtable.v1 import events_pb2 as epb
 
 
 class RunSink:
     """Implements `graph.context.EventSink` for one live run."""
 
-    def __init__(
-        self,
-        live: LiveRun,
-        store: RunStore,
-        *,
-        first_seq: int = 0,
-        on_plan: Callable[[epb.PlanCreated], Awaitable[None]] | None = None,
-    ) -> None:
+    def __init__(self, live: LiveRun, store: RunStore, *, first_seq: int = 0) -> None:
         self.live = live
         self.store = store
         self.seq = first_seq
-        self._on_plan = on_plan
-        """Called once a plan_created is in the log (before any stream sees it)."""
         options = live.request.options
         self._window = options.delta_window_s
         self._max_bytes = options.delta_max_bytes
@@ -62,8 +51,6 @@ class RunSink:
         self.seq = seq
         record.last_seq = seq
         self.live.progress.observe(proto)
-        if kind == "plan_created" and self._on_plan is not None:
-            await self._on_plan(proto.plan_created)
         self.live.publish(proto, durable=True)
 
     def delta(self, reply_id: str, text: str, attempt: int) -> None:

@@ -70,6 +70,8 @@ class RunRecord:
     cancel_mode: str = ""
     """A cancel recorded for the owner to honour: "graceful" or "immediate" ("" when none)."""
     cancel_reason: str = ""
+    continued_by: str = ""
+    """For a run whose steps left a continue turn took over: that turn's run id."""
 
     def leased_by_other(self, owner: str, now: float) -> bool:
         """Whether another replica holds a live lease on the run."""
@@ -92,6 +94,7 @@ RUN_COLUMNS = (
     "lease_until",
     "cancel_mode",
     "cancel_reason",
+    "continued_by",
 )
 """The registry's columns, in the order `run_row` and `run_from_row` use (every store)."""
 
@@ -157,12 +160,24 @@ class RunStore(Protocol):
         `exclude_run_id` (a continue run looking for the run it continues)."""
         ...
 
-    async def live_thread_run(
+    async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
+        """Marks a cancelled or interrupted run continued by `by_run_id`, atomically.
+
+        False when the run is no longer cancelled or interrupted (another continue turn,
+        or a resume, got there first): two turns never take over the same steps.
+        """
+        ...
+
+    async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:
+        """The run that `by_run_id` claimed with `claim_continuation`, if any."""
+        ...
+
+    async def live_thread_runs(
         self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
-    ) -> RunRecord | None:
-        """A run of the thread, other than `exclude_run_id`, that a replica other than
-        `owner` holds a live lease on (running or queued): what the busy-thread policy looks
-        at across replicas (a replica knows its own runs in memory)."""
+    ) -> list[RunRecord]:
+        """The runs of the thread, other than `exclude_run_id`, that replicas other than
+        `owner` hold a live lease on (running or queued), oldest first: what the busy-thread
+        policy looks at across replicas (a replica knows its own runs in memory)."""
         ...
 
     async def mark_interrupted(self) -> int:

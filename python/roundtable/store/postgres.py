@@ -32,11 +32,14 @@ CREATE TABLE IF NOT EXISTS rt_runs (
     lease_until DOUBLE PRECISION NOT NULL DEFAULT 0,
     cancel_mode TEXT NOT NULL DEFAULT '',
     cancel_reason TEXT NOT NULL DEFAULT '',
+    continued_by TEXT NOT NULL DEFAULT '',
     created_at DOUBLE PRECISION NOT NULL,
     updated_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (tenant, run_id)
 );
 CREATE INDEX IF NOT EXISTS rt_runs_thread ON rt_runs (tenant, thread_id, created_at);
+ALTER TABLE rt_runs ADD COLUMN IF NOT EXISTS continued_by TEXT NOT NULL DEFAULT '';
+CREATE INDEX IF NOT EXISTS rt_runs_continued ON rt_runs (tenant, continued_by);
 CREATE TABLE IF NOT EXISTS rt_events (
     tenant TEXT NOT NULL,
     run_id TEXT NOT NULL,
@@ -111,12 +114,20 @@ class PostgresRunStore:
         rows = await self._fetch(_SQL.latest_resumable, (tenant, thread_id, exclude_run_id))
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
-    async def live_thread_run(
+    async def live_thread_runs(
         self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
-    ) -> RunRecord | None:
+    ) -> list[RunRecord]:
         rows = await self._fetch(
-            _SQL.live_thread_run, (tenant, thread_id, exclude_run_id, owner, now)
+            _SQL.live_thread_runs, (tenant, thread_id, exclude_run_id, owner, now)
         )
+        return [run_from_row([row[c] for c in RUN_COLUMNS]) for row in rows]
+
+    async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
+        params = (by_run_id, time.time(), tenant, run_id)
+        return await self._execute(_SQL.claim_continuation, params) == 1
+
+    async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:
+        rows = await self._fetch(_SQL.continued_run, (tenant, by_run_id))
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
     async def mark_interrupted(self) -> int:

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS rt_runs (
     lease_until REAL NOT NULL DEFAULT 0,
     cancel_mode TEXT NOT NULL DEFAULT '',
     cancel_reason TEXT NOT NULL DEFAULT '',
+    continued_by TEXT NOT NULL DEFAULT '',
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     PRIMARY KEY (tenant, run_id)
@@ -56,6 +57,12 @@ CREATE TABLE IF NOT EXISTS rt_events (
     PRIMARY KEY (tenant, run_id, seq)
 ) WITHOUT ROWID;
 """
+
+_ADDED_COLUMNS = {
+    "continued_by": "ALTER TABLE rt_runs ADD COLUMN continued_by TEXT NOT NULL DEFAULT ''",
+}
+"""Columns added since the first schema: a database file made before gets them at open."""
+_INDEXES = "CREATE INDEX IF NOT EXISTS rt_runs_continued ON rt_runs (tenant, continued_by)"
 
 _PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA busy_timeout=5000")
 """WAL + synchronous=NORMAL: a committed row survives a killed process (not power loss),
@@ -109,6 +116,11 @@ class SqliteRunStore:
         """Opens (and creates) the store and the checkpoint tables in a database file."""
         conn = connect_log(path)
         conn.executescript(_SCHEMA)
+        present = {row[1] for row in conn.execute("PRAGMA table_info(rt_runs)")}
+        for column, statement in _ADDED_COLUMNS.items():
+            if column not in present:
+                conn.execute(statement)
+        conn.execute(_INDEXES)
         saver = AsyncSqliteSaver(await connect_sqlite(path))
         await saver.setup()
         return cls(conn, saver)
@@ -139,12 +151,20 @@ class SqliteRunStore:
         ).fetchone()
         return run_from_row(row) if row else None
 
-    async def live_thread_run(
+    async def live_thread_runs(
         self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
-    ) -> RunRecord | None:
-        row = self.conn.execute(
-            _SQL.live_thread_run, (tenant, thread_id, exclude_run_id, owner, now)
-        ).fetchone()
+    ) -> list[RunRecord]:
+        rows = self.conn.execute(
+            _SQL.live_thread_runs, (tenant, thread_id, exclude_run_id, owner, now)
+        ).fetchall()
+        return [run_from_row(row) for row in rows]
+
+    async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
+        params = (by_run_id, time.time(), tenant, run_id)
+        return self.conn.execute(_SQL.claim_continuation, params).rowcount == 1
+
+    async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:
+        row = self.conn.execute(_SQL.continued_run, (tenant, by_run_id)).fetchone()
         return run_from_row(row) if row else None
 
     async def mark_interrupted(self) -> int:

@@ -26,7 +26,9 @@ class Statements:
     append_event: str
     read_events: str
     latest_resumable: str
-    live_thread_run: str
+    live_thread_runs: str
+    claim_continuation: str
+    continued_run: str
     acquire_lease: str
     renew_lease: str
     release_lease: str
@@ -58,11 +60,17 @@ class Statements:
                 f"AND run_id<>{p} AND status IN ('cancelled','interrupted') "
                 "ORDER BY created_at DESC LIMIT 1"
             ),
-            live_thread_run=(
+            live_thread_runs=(
                 f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
                 f"AND run_id<>{p} AND owner<>{p} AND status IN ('running','queued') "
-                f"AND lease_until>{p} "
-                "ORDER BY created_at DESC LIMIT 1"
+                f"AND lease_until>{p} ORDER BY created_at"
+            ),
+            claim_continuation=(
+                f"UPDATE rt_runs SET status='continued', continued_by={p}, updated_at={p} "
+                f"WHERE tenant={p} AND run_id={p} AND status IN ('cancelled','interrupted')"
+            ),
+            continued_run=(
+                f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND continued_by={p} LIMIT 1"
             ),
             acquire_lease=(
                 f"UPDATE rt_runs SET owner={p}, lease_until={p} WHERE tenant={p} AND run_id={p} "
