@@ -80,6 +80,8 @@ async def test_graceful_cancel_finishes_the_speaker_then_continue_resumes(stub) 
     assert [f.reply_id for f in finals(more)] == ["grace-1#2", "grace-1#3"]
     assert [f.member_id for f in finals(more)] == ["c", "d"]
     assert await get_status(stub, "grace-1") == pb.RUN_STATUS_CONTINUED
+    earlier = await stub.GetRun(pb.GetRunRequest(run_id="grace-1", tenant="tenant-1"))
+    assert earlier.run.continued_by_run_id == "grace-2"
     # It cannot be continued twice: the next continue finds nothing.
     again = await collect(
         stub.StartRun(slow_request("继续", run_id="grace-3", thread_id="t-grace"))

@@ -60,6 +60,7 @@ def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
         last_seq=record.last_seq,
         created_at=convert.timestamp(record.created_at),
         updated_at=convert.timestamp(record.updated_at),
+        continued_by_run_id=record.continued_by,
     )
 
 

@@ -161,7 +161,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "thread_id", "tenant", "status", "plan", "finished_reply_ids", "last_seq", "created_at", "updated_at")
+    __slots__ = ("run_id", "thread_id", "tenant", "status", "plan", "finished_reply_ids", "last_seq", "created_at", "updated_at", "continued_by_run_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,7 @@ class Run(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CONTINUED_BY_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     thread_id: str
     tenant: str
@@ -180,4 +181,5 @@ class Run(_message.Message):
     last_seq: int
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., tenant: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., plan: _Optional[_Iterable[_Union[_events_pb2.PlanStep, _Mapping]]] = ..., finished_reply_ids: _Optional[_Iterable[str]] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    continued_by_run_id: str
+    def __init__(self, run_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., tenant: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., plan: _Optional[_Iterable[_Union[_events_pb2.PlanStep, _Mapping]]] = ..., finished_reply_ids: _Optional[_Iterable[str]] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., continued_by_run_id: _Optional[str] = ...) -> None: ...

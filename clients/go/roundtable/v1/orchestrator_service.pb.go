@@ -897,9 +897,12 @@ type Run struct {
 	// When the run was first started.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// When its status last changed.
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// For a RUN_STATUS_CONTINUED run: the run whose continue turn took over its
+	// remaining steps. Empty otherwise.
+	ContinuedByRunId string `protobuf:"bytes,10,opt,name=continued_by_run_id,json=continuedByRunId,proto3" json:"continued_by_run_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -995,6 +998,13 @@ func (x *Run) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Run) GetContinuedByRunId() string {
+	if x != nil {
+		return x.ContinuedByRunId
+	}
+	return ""
+}
+
 var File_roundtable_v1_orchestrator_service_proto protoreflect.FileDescriptor
 
 const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
@@ -1037,7 +1047,7 @@ const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"6\n" +
 	"\x0eGetRunResponse\x12$\n" +
-	"\x03run\x18\x01 \x01(\v2\x12.roundtable.v1.RunR\x03run\"\xef\x02\n" +
+	"\x03run\x18\x01 \x01(\v2\x12.roundtable.v1.RunR\x03run\"\x9e\x03\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\tthread_id\x18\x02 \x01(\tR\bthreadId\x12\x16\n" +
@@ -1049,7 +1059,9 @@ const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt*s\n" +
+	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12-\n" +
+	"\x13continued_by_run_id\x18\n" +
+	" \x01(\tR\x10continuedByRunId*s\n" +
 	"\x10DisconnectPolicy\x12!\n" +
 	"\x1dDISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aDISCONNECT_POLICY_CONTINUE\x10\x01\x12\x1c\n" +
