@@ -309,3 +309,45 @@ async def test_a_stop_turn_on_another_replica_stops_the_running_and_the_waiting_
     assert len(finals(events)) < 6
     assert kinds(waited) == ["run_cancelled"], "the waiting run never started"
     assert waited[0].run_cancelled.reason == "stop_directive"
+
+
+async def test_two_replicas_starting_turns_of_one_thread_at_once_never_both_run(
+    shared_store: str, tmp_path: Path
+) -> None:
+    # REJECT on both sides, sent at the same instant, ten times over: each time exactly one
+    # runs and the other is refused (the replicas check and record in turn).
+    async with (
+        two_replicas(shared_store, tmp_path) as (a, b),
+        a.channel() as a_channel,
+        b.channel() as b_channel,
+    ):
+        stubs = (a.stub(a_channel), b.stub(b_channel))
+
+        slow = spb.ModelRef(
+            target=spb.ModelTarget(
+                provider="offline", model="slow", base_url="offline:?token_delay_ms=20"
+            )
+        )
+        roster = [member("a", "Alice", model=slow)]
+
+        async def attempt(stub, run_id: str, thread: str) -> str:
+            # A reply of a few hundred ms: the winner is still speaking when the other asks.
+            request = start_request("@Alice hi", members=roster, run_id=run_id, thread_id=thread)
+            request.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_REJECT
+            try:
+                return kinds(await collect(stub.StartRun(request)))[-1]
+            except grpc.aio.AioRpcError as err:
+                return err.code().name
+
+        outcomes = []
+        for i in range(10):
+            thread = f"t-race-{i}"
+            outcomes.append(
+                sorted(
+                    await asyncio.gather(
+                        attempt(stubs[0], f"race-{i}-a", thread),
+                        attempt(stubs[1], f"race-{i}-b", thread),
+                    )
+                )
+            )
+    assert outcomes == [["FAILED_PRECONDITION", "run_completed"]] * 10

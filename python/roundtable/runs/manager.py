@@ -205,7 +205,7 @@ class RunManager:
         """
         ctx = request.context
         key = (ctx.tenant, ctx.run_id)
-        async with self._lock:
+        async with self._lock, contextlib.AsyncExitStack() as guard:
             live = self._live.get(key)
             if live is not None:
                 self._check_fingerprint(live.record, request, legacy_fingerprint)
@@ -229,6 +229,10 @@ class RunManager:
                 raise Draining()
             self._check_capacity(ctx.tenant)
             directive = classify(request.snapshot)
+            if self.store.shared:
+                # Replicas check a thread's runs and record the new one in turn, so two
+                # StartRuns of one thread on two replicas never both see it idle.
+                await guard.enter_async_context(self.store.thread_lock(ctx.tenant, ctx.thread_id))
             wait_for = self._claim_thread(request, directive)
             if self.store.shared:
                 # Also the thread's runs on other replicas: a run waits for all of them.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -158,6 +159,11 @@ class RunStore(Protocol):
     ) -> RunRecord | None:
         """The thread's most recent cancelled or interrupted run, if any, other than
         `exclude_run_id` (a continue run looking for the run it continues)."""
+        ...
+
+    def thread_lock(self, tenant: str, thread_id: str) -> AbstractAsyncContextManager[None]:
+        """Holds a thread against other replicas' StartRuns while one checks the thread's
+        runs and records its own (a no-op where the store is not shared)."""
         ...
 
     async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:

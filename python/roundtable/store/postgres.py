@@ -7,7 +7,9 @@ replica that owns the run.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -121,6 +123,21 @@ class PostgresRunStore:
             _SQL.live_thread_runs, (tenant, thread_id, exclude_run_id, owner, now)
         )
         return [run_from_row([row[c] for c in RUN_COLUMNS]) for row in rows]
+
+    @contextlib.asynccontextmanager
+    async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:
+        """A Postgres advisory lock on the thread, held by one pooled connection.
+
+        Session-level, so it is released with the connection should this process die.
+        The statements inside use other connections: the lock only orders the replicas.
+        """
+        key = f"{tenant}/{thread_id}"
+        async with self.pool.connection() as conn:
+            await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+            try:
+                yield
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
     async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
         params = (by_run_id, time.time(), tenant, run_id)

@@ -16,9 +16,11 @@ Two connections to the one file:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiosqlite
@@ -158,6 +160,11 @@ class SqliteRunStore:
             _SQL.live_thread_runs, (tenant, thread_id, exclude_run_id, owner, now)
         ).fetchall()
         return [run_from_row(row) for row in rows]
+
+    @contextlib.asynccontextmanager
+    async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:
+        """A no-op: the file belongs to one process, whose RunManager serializes starts."""
+        yield
 
     async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
         params = (by_run_id, time.time(), tenant, run_id)
