@@ -214,8 +214,8 @@ class MemoryRunStore:
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[Any]:
         return [e for e in self.events.get((tenant, run_id), []) if e.seq > after_seq]
 
-    async def latest_resumable(self, tenant: str, thread_id: str, **_: Any) -> Any:
-        return None
+    async def resumable_runs(self, tenant: str, thread_id: str, **_: Any) -> list[Any]:
+        return []
 
     async def mark_interrupted(self) -> int:
         return 0

@@ -324,3 +324,42 @@ async def test_a_run_recorded_by_an_older_version_resumes_by_its_old_fingerprint
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await collect(stub.StartRun(other))
     assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_a_continue_turn_passes_over_a_stopped_run_with_nothing_left(server, stub) -> None:
+    # Run A is cancelled with steps left; then a run of the thread is stopped before it had
+    # a plan (as a queued run is by a stop turn): it is newer, and has nothing to continue.
+    call = stub.StartRun(slow_request(run_id="po-a", thread_id="t-po"))
+    await read_until(call, is_started(1))
+    await stub.CancelRun(pb.CancelRunRequest(run_id="po-a", tenant="tenant-1"))
+    left = of_kind(await collect(call), "run_cancelled")[0].run_cancelled.steps_left
+    now = time.time()
+    assert await server.store.create_run(
+        RunRecord(
+            tenant="tenant-1",
+            run_id="po-empty",
+            thread_id="t-po",
+            fingerprint="x3:0",
+            status=RunStatus.CANCELLED,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    more = await collect(stub.StartRun(slow_request("继续", run_id="po-c", thread_id="t-po")))
+    plan = of_kind(more, "plan_created")[0].plan_created
+    assert plan.continued_run_id == "po-a"
+    assert [f.reply_id for f in finals(more)] == [s.reply_id for s in left]
+    assert await get_status(stub, "po-empty") == pb.RUN_STATUS_CANCELLED, "not claimed"
+
+
+async def test_a_run_still_finishing_after_a_stop_turn_keeps_its_thread_busy(stub) -> None:
+    live = stub.StartRun(slow_request(run_id="sf-1", thread_id="t-sf"))
+    events = await read_until(live, is_started(0))
+    stop = await collect(stub.StartRun(slow_request("停止", run_id="sf-2", thread_id="t-sf")))
+    assert kinds(stop)[-1] == "run_completed"
+    # The stop turn has ended, but sf-1 is still finishing its speaker's reply.
+    with pytest.raises(grpc.aio.AioRpcError) as busy:
+        await collect(stub.StartRun(slow_request("@Bob hi", run_id="sf-3", thread_id="t-sf")))
+    assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    events += await collect(live)
+    assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "stop_directive"

@@ -54,14 +54,16 @@ async def test_live_thread_runs_are_running_or_queued_runs_under_a_live_lease(se
     )
 
 
-async def test_latest_resumable_can_leave_out_the_asking_run(server) -> None:
+async def test_resumable_runs_newest_first_leaving_out_the_asking_run(server) -> None:
     store = server.store
     assert await store.create_run(record("earlier", RunStatus.CANCELLED, age=2))
     assert await store.create_run(record("continuing", RunStatus.INTERRUPTED, age=1))
-    latest = await store.latest_resumable("acme", "t-1")
-    assert latest is not None and latest.run_id == "continuing"
-    other = await store.latest_resumable("acme", "t-1", exclude_run_id="continuing")
-    assert other is not None and other.run_id == "earlier"
+    assert await store.create_run(record("done", RunStatus.SUCCEEDED))
+    runs = await store.resumable_runs("acme", "t-1", limit=5)
+    assert [r.run_id for r in runs] == ["continuing", "earlier"]
+    runs = await store.resumable_runs("acme", "t-1", exclude_run_id="continuing", limit=5)
+    assert [r.run_id for r in runs] == ["earlier"]
+    assert [r.run_id for r in await store.resumable_runs("acme", "t-1")] == ["continuing"]
 
 
 async def test_a_run_is_continued_by_one_run_only(server) -> None:
@@ -75,7 +77,20 @@ async def test_a_run_is_continued_by_one_run_only(server) -> None:
     assert claimed is not None and claimed.run_id == "earlier"
     assert claimed.status is RunStatus.CONTINUED and claimed.continued_by == "first"
     assert await store.continued_run("acme", "second") is None
-    assert await store.latest_resumable("acme", "t-1") is None
+    assert await store.resumable_runs("acme", "t-1") == []
+
+
+async def test_a_run_being_resumed_is_neither_claimed_nor_resumed_once_claimed(server) -> None:
+    store = server.store
+    now = time.time()
+    resuming = record("resuming", RunStatus.INTERRUPTED, lease_until=now + 30)
+    assert await store.create_run(resuming)
+    assert not await store.claim_continuation("acme", "resuming", "c"), "a replica holds it"
+    assert await store.create_run(record("stopped", RunStatus.CANCELLED))
+    assert await store.claim_continuation("acme", "stopped", "c")
+    assert not await store.acquire_lease("acme", "stopped", "replica-y", 10.0), (
+        "a run a continue turn took over is never run again"
+    )
 
 
 async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path: Path) -> None:

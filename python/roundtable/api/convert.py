@@ -65,8 +65,8 @@ FINGERPRINT_PREFIX = "x3:"
 
 
 def legacy_fingerprint(thread_id: str, snapshot_bytes: bytes | memoryview) -> str:
-    """The fingerprint versions before 0.1.1 stored (sha256): a StartRun retry of a run they
-    started must still match it, across an upgrade or a rolling deploy."""
+    """The fingerprint earlier versions stored (sha256, untagged): a StartRun retry of a run
+    they started must still match it, across an upgrade or a rolling deploy."""
     digest = hashlib.sha256(thread_id.encode("utf-8") + b"\0")
     digest.update(snapshot_bytes)
     return digest.hexdigest()[:32]

@@ -22,8 +22,10 @@ from typing import Any, Protocol
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
+from roundtable.api.convert import FINGERPRINT_PREFIX
 from roundtable.domain.errors import (
     Draining,
+    RoundtableError,
     RunAlreadyExists,
     RunNotFound,
     RunOrphaned,
@@ -39,7 +41,7 @@ from roundtable.domain.events import (
     RunStarted,
     TokenUsage,
 )
-from roundtable.domain.plan import DirectiveKind, Route
+from roundtable.domain.plan import DirectiveKind, PlanStep, Route
 from roundtable.domain.snapshot import BusyThreadPolicy, RunRequest, SessionKind
 from roundtable.graph.context import (
     Continuation,
@@ -62,6 +64,8 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_REASON = "server_shutdown"
 ACTIVE = frozenset({RunStatus.RUNNING, RunStatus.QUEUED})
+CONTINUE_LOOKBACK = 8
+"""How many of a thread's latest stopped runs a continue turn looks through for steps left."""
 TERMINAL_KINDS = frozenset({"run_completed", "run_cancelled", "run_failed"})
 
 
@@ -180,7 +184,8 @@ class RunManager:
         self.tracer = tracer or trace.NoOpTracerProvider().get_tracer(__name__)
         self.metrics = metrics or no_metrics()
         self._live: dict[tuple[str, str], LiveRun] = {}
-        self._threads: dict[tuple[str, str], LiveRun] = {}
+        self._threads: dict[tuple[str, str], list[LiveRun]] = {}
+        """Each thread's live runs in this process, oldest first."""
         self._lock = asyncio.Lock()
         self._draining = False
 
@@ -270,6 +275,10 @@ class RunManager:
                 if not await self.store.acquire_lease(
                     ctx.tenant, ctx.run_id, self.owner, self.lease_s
                 ):
+                    current = await self.store.get_run(ctx.tenant, ctx.run_id)
+                    if current is not None and current.status not in ACTIVE | RESUMABLE:
+                        # A continue turn took it over (or it ended) since it was read.
+                        return await self._replay(current)
                     # Another replica got there first: follow it (and take over if it dies).
                     return self._follow(
                         record,
@@ -292,7 +301,7 @@ class RunManager:
             for event in prior_events:
                 live.progress.observe(event)
             self._live[key] = live
-            self._threads[live.thread_key] = live
+            self._threads.setdefault(live.thread_key, []).append(live)
             subscription = live.subscribe(record.last_seq)
             launch = Launch(
                 credentials=credentials,
@@ -320,7 +329,11 @@ class RunManager:
             return
         # A run recorded by an older version: compare with the fingerprint it computed
         # (only here, on a mismatch, so the common path never pays for a second hash).
-        if legacy is not None and record.fingerprint == legacy():
+        if (
+            legacy is not None
+            and not record.fingerprint.startswith(FINGERPRINT_PREFIX)
+            and record.fingerprint == legacy()
+        ):
             return
         raise RunAlreadyExists(f"run {record.run_id!r}")
 
@@ -329,27 +342,33 @@ class RunManager:
     ) -> Callable[[], Awaitable[Any]] | None:
         """Applies the busy-thread policy to this process's runs; returns what to wait for."""
         ctx = request.context
-        busy = self._threads.get((ctx.tenant, ctx.thread_id))
-        if busy is None or busy.done.is_set():
+        busy = [
+            live
+            for live in self._threads.get((ctx.tenant, ctx.thread_id), ())
+            if not live.done.is_set()
+        ]
+        if not busy:
             return None
         if directive.kind is DirectiveKind.STOP:
             # A stop turn always stops the thread's live runs (the running one and any
             # waiting behind it), whatever the policy; nobody speaks.
-            self._stop_thread(busy.thread_key, "stop_directive")
+            for live in busy:
+                live.stop.request("stop_directive")
             return None
         policy = request.options.busy_thread_policy
         if policy is BusyThreadPolicy.REJECT:
-            raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy.record.run_id!r}")
+            raise ThreadBusy(f"thread {ctx.thread_id!r} is running run {busy[0].record.run_id!r}")
         if policy is BusyThreadPolicy.INTERRUPT:
-            self._stop_thread(busy.thread_key, "interrupted_by_new_run")
-        # `busy` is the thread's newest run: it starts only after those before it ended.
-        return busy.done.wait
+            for live in busy:
+                live.stop.request("interrupted_by_new_run")
 
-    def _stop_thread(self, thread_key: tuple[str, str], reason: str) -> None:
-        """Asks every live run of a thread in this process to stop (rare: a linear scan)."""
-        for live in self._live.values():
-            if live.thread_key == thread_key and not live.done.is_set():
-                live.stop.request(reason)
+        async def wait() -> None:
+            # Every one of them, a stop turn that ended at once included: a run stopping
+            # gracefully still finishes its speaker.
+            for live in busy:
+                await live.done.wait()
+
+        return wait
 
     async def _claim_thread_across_replicas(
         self, request: RunRequest, directive: Directive
@@ -396,27 +415,37 @@ class RunManager:
                 await asyncio.sleep(self.follow_poll_s)
 
     async def _continuation_of(self, record: RunRecord) -> Continuation | None:
-        """The steps a continue turn takes over: what the thread's last cancelled or
-        interrupted run left, claimed for this run in the registry.
+        """The steps a continue turn takes over: what the thread's latest cancelled or
+        interrupted run with steps left left, claimed for this run in the registry.
 
         The claim is atomic (two continue turns never take the same steps) and durable (a
         continue run that dies before its plan is logged finds its claim again on resume,
-        and plans the same steps with the same reply ids).
+        and plans the same steps with the same reply ids). A run with nothing left (one
+        stopped before it had a plan, say) is passed over, not claimed.
         """
-        earlier = await self.store.continued_run(record.tenant, record.run_id)
-        if earlier is None:
-            earlier = await self.store.latest_resumable(
-                record.tenant, record.thread_id, exclude_run_id=record.run_id
-            )
-            if earlier is None or not await self.store.claim_continuation(
+        claimed = await self.store.continued_run(record.tenant, record.run_id)
+        if claimed is not None:
+            steps = await self._steps_left(claimed)
+            return Continuation(run_id=claimed.run_id, steps=steps) if steps else None
+        candidates = await self.store.resumable_runs(
+            record.tenant,
+            record.thread_id,
+            exclude_run_id=record.run_id,
+            limit=CONTINUE_LOOKBACK,
+        )
+        for earlier in candidates:
+            steps = await self._steps_left(earlier)
+            if steps and await self.store.claim_continuation(
                 record.tenant, earlier.run_id, record.run_id
             ):
-                return None
+                return Continuation(run_id=earlier.run_id, steps=steps)
+        return None
+
+    async def _steps_left(self, record: RunRecord) -> tuple[PlanStep, ...]:
         progress = Progress()
-        for stored in await self.store.read_events(record.tenant, earlier.run_id, 0):
+        for stored in await self.store.read_events(record.tenant, record.run_id, 0):
             progress.observe(epb.RunEvent.FromString(stored.body))
-        steps = tuple(progress.steps_left)
-        return Continuation(run_id=earlier.run_id, steps=steps) if steps else None
+        return tuple(progress.steps_left)
 
     async def _replay(self, record: RunRecord) -> Subscription:
         events = await self.store.read_events(record.tenant, record.run_id, 0)
@@ -575,8 +604,11 @@ class RunManager:
     def _forget(self, live: LiveRun) -> None:
         if self._live.pop(live.key, None) is live:
             self._per_tenant[live.record.tenant] -= 1
-        if self._threads.get(live.thread_key) is live:
-            self._threads.pop(live.thread_key, None)
+        runs = self._threads.get(live.thread_key)
+        if runs is not None and live in runs:
+            runs.remove(live)
+            if not runs:
+                del self._threads[live.thread_key]
         live.finish()
 
     async def _keep_lease(self, live: LiveRun) -> None:
@@ -665,7 +697,13 @@ class RunManager:
                     if takeover is None:
                         sub.end(RunOrphaned(run_id))
                         return
-                    await self._forward(await takeover(), sub, seen)
+                    try:
+                        source = await takeover()
+                    except RoundtableError as exc:
+                        # E.g. Draining, TooManyRuns, ThreadBusy: the stream ends with it.
+                        sub.end(exc)
+                        return
+                    await self._forward(source, sub, seen)
                     return
             await asyncio.sleep(self.follow_poll_s)
 

@@ -154,11 +154,12 @@ class RunStore(Protocol):
         """The run's events with seq > after_seq, in order."""
         ...
 
-    async def latest_resumable(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str = ""
-    ) -> RunRecord | None:
-        """The thread's most recent cancelled or interrupted run, if any, other than
-        `exclude_run_id` (a continue run looking for the run it continues)."""
+    async def resumable_runs(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str = "", limit: int = 1
+    ) -> list[RunRecord]:
+        """The thread's most recent cancelled or interrupted runs (at most `limit`, newest
+        first), other than `exclude_run_id` (a continue run looking for the run it
+        continues)."""
         ...
 
     def thread_lock(self, tenant: str, thread_id: str) -> AbstractAsyncContextManager[None]:
@@ -169,8 +170,9 @@ class RunStore(Protocol):
     async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
         """Marks a cancelled or interrupted run continued by `by_run_id`, atomically.
 
-        False when the run is no longer cancelled or interrupted (another continue turn,
-        or a resume, got there first): two turns never take over the same steps.
+        False when the run is no longer cancelled or interrupted, or a replica holds a live
+        lease on it (another continue turn, or a resume, got there first): two turns never
+        take over the same steps, and a run being resumed is not taken over.
         """
         ...
 

@@ -12,10 +12,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from roundtable.domain.errors import ThreadBusy
 from roundtable.store.base import RUN_COLUMNS, RunRecord, StoredEvent, run_from_row, run_row
 from roundtable.store.statements import Statements, acquire_params, update_params
 
@@ -53,6 +55,9 @@ CREATE TABLE IF NOT EXISTS rt_events (
 """
 
 _SQL = Statements.with_placeholder("%s")
+
+THREAD_LOCK_TIMEOUT = "5s"
+"""Longest wait for another replica's start of a run of the same thread."""
 
 
 class PostgresRunStore:
@@ -110,11 +115,11 @@ class PostgresRunStore:
         rows = await self._fetch(_SQL.read_events, (tenant, run_id, after_seq))
         return [StoredEvent(r["seq"], r["kind"], bytes(r["body"])) for r in rows]
 
-    async def latest_resumable(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str = ""
-    ) -> RunRecord | None:
-        rows = await self._fetch(_SQL.latest_resumable, (tenant, thread_id, exclude_run_id))
-        return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
+    async def resumable_runs(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str = "", limit: int = 1
+    ) -> list[RunRecord]:
+        rows = await self._fetch(_SQL.resumable_runs, (tenant, thread_id, exclude_run_id, limit))
+        return [run_from_row([row[c] for c in RUN_COLUMNS]) for row in rows]
 
     async def live_thread_runs(
         self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
@@ -126,21 +131,28 @@ class PostgresRunStore:
 
     @contextlib.asynccontextmanager
     async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:
-        """A Postgres advisory lock on the thread, held by one pooled connection.
+        """A Postgres advisory lock on the thread, held by a transaction of one pooled
+        connection.
 
-        Session-level, so it is released with the connection should this process die.
-        The statements inside use other connections: the lock only orders the replicas.
+        Transaction-level: it ends with the transaction however the block exits (the pool
+        rolls back a connection handed back mid-transaction, e.g. when the StartRun is
+        cancelled while waiting), and with the connection should this process die. The
+        statements inside use other connections: the lock only orders the replicas. A
+        wait longer than THREAD_LOCK_TIMEOUT (another replica stuck mid-start) answers
+        ThreadBusy rather than holding the caller.
         """
         key = f"{tenant}/{thread_id}"
-        async with self.pool.connection() as conn:
-            await conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(f"SET LOCAL lock_timeout = '{THREAD_LOCK_TIMEOUT}'")
             try:
-                yield
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+            except psycopg.errors.LockNotAvailable:
+                raise ThreadBusy(f"thread {thread_id!r} is being started elsewhere") from None
+            yield
 
     async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
-        params = (by_run_id, time.time(), tenant, run_id)
+        now = time.time()
+        params = (by_run_id, now, tenant, run_id, now)
         return await self._execute(_SQL.claim_continuation, params) == 1
 
     async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:

@@ -145,13 +145,13 @@ class SqliteRunStore:
         rows = self.conn.execute(_SQL.read_events, (tenant, run_id, after_seq)).fetchall()
         return [StoredEvent(r[0], r[1], bytes(r[2])) for r in rows]
 
-    async def latest_resumable(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str = ""
-    ) -> RunRecord | None:
-        row = self.conn.execute(
-            _SQL.latest_resumable, (tenant, thread_id, exclude_run_id)
-        ).fetchone()
-        return run_from_row(row) if row else None
+    async def resumable_runs(
+        self, tenant: str, thread_id: str, *, exclude_run_id: str = "", limit: int = 1
+    ) -> list[RunRecord]:
+        rows = self.conn.execute(
+            _SQL.resumable_runs, (tenant, thread_id, exclude_run_id, limit)
+        ).fetchall()
+        return [run_from_row(row) for row in rows]
 
     async def live_thread_runs(
         self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
@@ -167,7 +167,8 @@ class SqliteRunStore:
         yield
 
     async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
-        params = (by_run_id, time.time(), tenant, run_id)
+        now = time.time()
+        params = (by_run_id, now, tenant, run_id, now)
         return self.conn.execute(_SQL.claim_continuation, params).rowcount == 1
 
     async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:

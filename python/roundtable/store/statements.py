@@ -25,7 +25,7 @@ class Statements:
     update_run: str
     append_event: str
     read_events: str
-    latest_resumable: str
+    resumable_runs: str
     live_thread_runs: str
     claim_continuation: str
     continued_run: str
@@ -55,10 +55,10 @@ class Statements:
                 f"SELECT seq, kind, body FROM rt_events WHERE tenant={p} AND run_id={p} "
                 f"AND seq>{p} ORDER BY seq"
             ),
-            latest_resumable=(
+            resumable_runs=(
                 f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
                 f"AND run_id<>{p} AND status IN ('cancelled','interrupted') "
-                "ORDER BY created_at DESC LIMIT 1"
+                f"ORDER BY created_at DESC LIMIT {p}"
             ),
             live_thread_runs=(
                 f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
@@ -67,14 +67,18 @@ class Statements:
             ),
             claim_continuation=(
                 f"UPDATE rt_runs SET status='continued', continued_by={p}, updated_at={p} "
-                f"WHERE tenant={p} AND run_id={p} AND status IN ('cancelled','interrupted')"
+                f"WHERE tenant={p} AND run_id={p} AND status IN ('cancelled','interrupted') "
+                # Not while a replica resumes it (a StartRun retry of that run).
+                f"AND (owner='' OR lease_until<{p})"
             ),
             continued_run=(
                 f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND continued_by={p} LIMIT 1"
             ),
             acquire_lease=(
                 f"UPDATE rt_runs SET owner={p}, lease_until={p} WHERE tenant={p} AND run_id={p} "
-                f"AND (owner='' OR owner={p} OR lease_until<{p})"
+                f"AND (owner='' OR owner={p} OR lease_until<{p}) "
+                # A run a continue turn took over is never run again.
+                "AND status IN ('running','queued','cancelled','interrupted')"
             ),
             renew_lease=(
                 f"UPDATE rt_runs SET lease_until={p} WHERE tenant={p} AND run_id={p} AND owner={p}"
