@@ -6,8 +6,22 @@ import sqlite3
 import time
 from pathlib import Path
 
+import psycopg
 from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.postgres import PostgresRunStore
 from roundtable.store.sqlite import SqliteRunStore
+from support.stores import drop_schema, new_schema, postgres_dsn
+
+OLD_RT_RUNS = (
+    "CREATE TABLE rt_runs (tenant TEXT NOT NULL, run_id TEXT NOT NULL, thread_id TEXT NOT"
+    " NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL, plan_json TEXT NOT NULL DEFAULT"
+    " '[]', finished_reply_ids TEXT NOT NULL DEFAULT '[]', last_seq INTEGER NOT NULL DEFAULT"
+    " 0, trace_context TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL DEFAULT '', lease_until"
+    " REAL NOT NULL DEFAULT 0, cancel_mode TEXT NOT NULL DEFAULT '', cancel_reason TEXT NOT"
+    " NULL DEFAULT '', created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY"
+    " (tenant, run_id))"
+)
+"""rt_runs as versions before `continued_by` made it (the same on SQLite and Postgres)."""
 
 
 def record(run_id: str, status: RunStatus, *, lease_until: float = 0.0, age: float = 0.0):
@@ -96,15 +110,7 @@ async def test_a_run_being_resumed_is_neither_claimed_nor_resumed_once_claimed(s
 async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
-    old.execute(
-        "CREATE TABLE rt_runs (tenant TEXT NOT NULL, run_id TEXT NOT NULL, thread_id TEXT NOT"
-        " NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL, plan_json TEXT NOT NULL DEFAULT"
-        " '[]', finished_reply_ids TEXT NOT NULL DEFAULT '[]', last_seq INTEGER NOT NULL DEFAULT"
-        " 0, trace_context TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL DEFAULT '', lease_until"
-        " REAL NOT NULL DEFAULT 0, cancel_mode TEXT NOT NULL DEFAULT '', cancel_reason TEXT NOT"
-        " NULL DEFAULT '', created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY"
-        " (tenant, run_id))"
-    )
+    old.execute(OLD_RT_RUNS)
     old.execute(
         "INSERT INTO rt_runs (tenant, run_id, thread_id, fingerprint, status, created_at,"
         " updated_at) VALUES ('acme', 'kept', 't-1', 'f', 'cancelled', 1, 1)"
@@ -118,3 +124,24 @@ async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path
         assert await store.claim_continuation("acme", "kept", "next")
     finally:
         await store.close()
+
+
+async def test_a_postgres_table_from_before_continued_by_gets_the_column() -> None:
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    try:
+        with psycopg.connect(url, autocommit=True) as old:
+            old.execute(OLD_RT_RUNS)
+            old.execute(
+                "INSERT INTO rt_runs (tenant, run_id, thread_id, fingerprint, status, created_at,"
+                " updated_at) VALUES ('acme', 'kept', 't-1', 'f', 'cancelled', 1, 1)"
+            )
+        store = await PostgresRunStore.open(url)
+        try:
+            kept = await store.get_run("acme", "kept")
+            assert kept is not None and kept.continued_by == ""
+            assert await store.claim_continuation("acme", "kept", "next")
+        finally:
+            await store.close()
+    finally:
+        drop_schema(dsn, url)

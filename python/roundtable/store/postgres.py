@@ -42,8 +42,6 @@ CREATE TABLE IF NOT EXISTS rt_runs (
     PRIMARY KEY (tenant, run_id)
 );
 CREATE INDEX IF NOT EXISTS rt_runs_thread ON rt_runs (tenant, thread_id, created_at);
-ALTER TABLE rt_runs ADD COLUMN IF NOT EXISTS continued_by TEXT NOT NULL DEFAULT '';
-CREATE INDEX IF NOT EXISTS rt_runs_continued ON rt_runs (tenant, continued_by);
 CREATE TABLE IF NOT EXISTS rt_events (
     tenant TEXT NOT NULL,
     run_id TEXT NOT NULL,
@@ -53,6 +51,14 @@ CREATE TABLE IF NOT EXISTS rt_events (
     PRIMARY KEY (tenant, run_id, seq)
 );
 """
+
+_ADDED_COLUMNS = {
+    "continued_by": "ALTER TABLE rt_runs ADD COLUMN IF NOT EXISTS continued_by TEXT NOT NULL "
+    "DEFAULT ''",
+}
+"""Columns added since the first schema: a table made before gets them at open. Looked up
+first, so a replica starting next to running ones takes no ACCESS EXCLUSIVE lock."""
+_INDEXES = "CREATE INDEX IF NOT EXISTS rt_runs_continued ON rt_runs (tenant, continued_by)"
 
 _SQL = Statements.with_placeholder("%s")
 
@@ -83,6 +89,15 @@ class PostgresRunStore:
         async with pool.connection() as conn:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 await conn.execute(statement)
+            cursor = await conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = 'rt_runs'"
+            )
+            present = {row["column_name"] for row in await cursor.fetchall()}
+            for column, statement in _ADDED_COLUMNS.items():
+                if column not in present:
+                    await conn.execute(statement)
+            await conn.execute(_INDEXES)
         saver = AsyncPostgresSaver(pool)
         await saver.setup()
         return cls(pool, saver)
