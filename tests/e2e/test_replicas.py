@@ -13,6 +13,7 @@ import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -76,6 +77,36 @@ async def two_replicas(
             await b.stop()
     finally:
         await a.stop()
+
+
+@contextlib.asynccontextmanager
+async def replica_stubs(store: str, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
+    """Clients of replicas A and B (see two_replicas)."""
+    async with (
+        two_replicas(store, tmp_path) as (a, b),
+        a.channel() as a_channel,
+        b.channel() as b_channel,
+    ):
+        yield a.stub(a_channel), b.stub(b_channel)
+
+
+def thread_turn(
+    thread: str, run_id: str, policy: int, text: str = "@Alice hi", **kwargs: Any
+) -> pb.StartRunRequest:
+    """A turn of `thread` with a busy-thread policy."""
+    request = start_request(text, run_id=run_id, thread_id=thread, **kwargs)
+    request.options.busy_thread_policy = policy  # type: ignore[assignment]
+    return request
+
+
+async def until_speaking(call: Any) -> list[epb.RunEvent]:
+    """Reads a StartRun stream until its first speaker starts (the run is then busy)."""
+    events = []
+    async for response in call:
+        events.append(response.event)
+        if response.event.WhichOneof("payload") == "speaker_started":
+            return events
+    raise AssertionError("the run ended before a speaker started")
 
 
 async def kill_a_after_speaker_3(a: ServerProcess, request) -> list[epb.RunEvent]:
@@ -199,29 +230,14 @@ async def test_busy_thread_policies_see_the_thread_run_of_another_replica(
 ) -> None:
     first = six_speakers("rep-4")
     thread = first.context.thread_id
-
-    def next_turn(run_id: str, policy: int) -> pb.StartRunRequest:
-        request = start_request("@Alice hi", run_id=run_id, thread_id=thread)
-        request.options.busy_thread_policy = policy
-        return request
-
-    async with (
-        two_replicas(shared_store, tmp_path) as (a, b),
-        a.channel() as a_channel,
-        b.channel() as b_channel,
-    ):
-        a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+    async with replica_stubs(shared_store, tmp_path) as (a_stub, b_stub):
         call = a_stub.StartRun(first)
-        events = []
-        async for response in call:
-            events.append(response.event)
-            if response.event.WhichOneof("payload") == "speaker_started":
-                break
+        events = await until_speaking(call)
 
         # REJECT on B: the thread is busy on A, and the rejected run leaves no trace.
         with pytest.raises(grpc.aio.AioRpcError) as busy:
             await collect(
-                b_stub.StartRun(next_turn("rep-4-rejected", pb.BUSY_THREAD_POLICY_REJECT))
+                b_stub.StartRun(thread_turn(thread, "rep-4-rejected", pb.BUSY_THREAD_POLICY_REJECT))
             )
         assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(grpc.aio.AioRpcError) as missing:
@@ -230,7 +246,7 @@ async def test_busy_thread_policies_see_the_thread_run_of_another_replica(
 
         # INTERRUPT on B: A stops at its next speaker boundary, then B's turn runs.
         second = await collect(
-            b_stub.StartRun(next_turn("rep-4-next", pb.BUSY_THREAD_POLICY_INTERRUPT))
+            b_stub.StartRun(thread_turn(thread, "rep-4-next", pb.BUSY_THREAD_POLICY_INTERRUPT))
         )
         events += await collect(call)
     cancelled = of_kind(events, "run_cancelled")
@@ -247,28 +263,18 @@ async def test_enqueued_runs_of_one_thread_on_two_replicas_run_one_after_another
 ) -> None:
     first = six_speakers("rep-5")
     thread = first.context.thread_id
-
-    def queued(run_id: str) -> pb.StartRunRequest:
-        request = start_request("@Alice hi", run_id=run_id, thread_id=thread)
-        request.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
-        return request
-
-    async with (
-        two_replicas(shared_store, tmp_path) as (a, b),
-        a.channel() as a_channel,
-        b.channel() as b_channel,
-    ):
-        a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+    enqueue = pb.BUSY_THREAD_POLICY_ENQUEUE
+    async with replica_stubs(shared_store, tmp_path) as (a_stub, b_stub):
         call = a_stub.StartRun(first)
-        head = []
-        async for response in call:
-            head.append(response.event)
-            if response.event.WhichOneof("payload") == "speaker_started":
-                break
+        head = await until_speaking(call)
         # B waits on replica b for A; then C waits on replica a for A and for B.
-        on_b = asyncio.create_task(collect(b_stub.StartRun(queued("rep-5-b"))))
+        on_b = asyncio.create_task(
+            collect(b_stub.StartRun(thread_turn(thread, "rep-5-b", enqueue)))
+        )
         await asyncio.sleep(0.3)
-        on_a = asyncio.create_task(collect(a_stub.StartRun(queued("rep-5-c"))))
+        on_a = asyncio.create_task(
+            collect(a_stub.StartRun(thread_turn(thread, "rep-5-c", enqueue)))
+        )
         runs = [head + await collect(call), await on_b, await on_a]
 
     spans = [(e[0].emitted_at.ToNanoseconds(), e[-1].emitted_at.ToNanoseconds()) for e in runs]
@@ -283,20 +289,10 @@ async def test_a_stop_turn_on_another_replica_stops_the_running_and_the_waiting_
 ) -> None:
     first = six_speakers("rep-6")
     thread = first.context.thread_id
-    waiting = start_request("@Bob hi", run_id="rep-6-w", thread_id=thread)
-    waiting.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
-    async with (
-        two_replicas(shared_store, tmp_path) as (a, b),
-        a.channel() as a_channel,
-        b.channel() as b_channel,
-    ):
-        a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+    waiting = thread_turn(thread, "rep-6-w", pb.BUSY_THREAD_POLICY_ENQUEUE, "@Bob hi")
+    async with replica_stubs(shared_store, tmp_path) as (a_stub, b_stub):
         call = a_stub.StartRun(first)
-        events = []
-        async for response in call:
-            events.append(response.event)
-            if response.event.WhichOneof("payload") == "speaker_started":
-                break
+        events = await until_speaking(call)
         behind = asyncio.create_task(collect(a_stub.StartRun(waiting)))
         await asyncio.sleep(0.3)
         stop = await collect(
@@ -316,13 +312,7 @@ async def test_two_replicas_starting_turns_of_one_thread_at_once_never_both_run(
 ) -> None:
     # REJECT on both sides, sent at the same instant, ten times over: each time exactly one
     # runs and the other is refused (the replicas check and record in turn).
-    async with (
-        two_replicas(shared_store, tmp_path) as (a, b),
-        a.channel() as a_channel,
-        b.channel() as b_channel,
-    ):
-        stubs = (a.stub(a_channel), b.stub(b_channel))
-
+    async with replica_stubs(shared_store, tmp_path) as stubs:
         slow = spb.ModelRef(
             target=spb.ModelTarget(
                 provider="offline", model="slow", base_url="offline:?token_delay_ms=20"
@@ -332,8 +322,7 @@ async def test_two_replicas_starting_turns_of_one_thread_at_once_never_both_run(
 
         async def attempt(stub, run_id: str, thread: str) -> str:
             # A reply of a few hundred ms: the winner is still speaking when the other asks.
-            request = start_request("@Alice hi", members=roster, run_id=run_id, thread_id=thread)
-            request.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_REJECT
+            request = thread_turn(thread, run_id, pb.BUSY_THREAD_POLICY_REJECT, members=roster)
             try:
                 return kinds(await collect(stub.StartRun(request)))[-1]
             except grpc.aio.AioRpcError as err:

@@ -53,6 +53,25 @@ def is_delta_of(reply_id: str):
     )
 
 
+async def left_behind(
+    server, run_id: str, thread: str, fingerprint: str, status: RunStatus, last_seq: int = 0
+) -> None:
+    """A registry row as a process that died (or a stop) left it, written straight in."""
+    now = time.time()
+    assert await server.store.create_run(
+        RunRecord(
+            tenant="tenant-1",
+            run_id=run_id,
+            thread_id=thread,
+            fingerprint=fingerprint,
+            status=status,
+            created_at=now,
+            updated_at=now,
+            last_seq=last_seq,
+        )
+    )
+
+
 async def get_status(stub, run_id: str, tenant: str = "tenant-1") -> int:
     return (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant=tenant))).run.status
 
@@ -239,19 +258,7 @@ async def test_a_continue_turn_that_died_before_its_plan_resumes_with_the_steps_
     fingerprint = run_request_from_proto(
         request, limits=RequestLimits(), defaults=Budgets()
     ).fingerprint
-    now = time.time()
-    assert await server.store.create_run(
-        RunRecord(
-            tenant="tenant-1",
-            run_id="cw-b",
-            thread_id="t-cw",
-            fingerprint=fingerprint,
-            status=RunStatus.INTERRUPTED,
-            created_at=now,
-            updated_at=now,
-            last_seq=1,
-        )
-    )
+    await left_behind(server, "cw-b", "t-cw", fingerprint, RunStatus.INTERRUPTED, last_seq=1)
     started = epb.RunEvent(
         run_id="cw-b", seq=1, run_started=epb.RunStarted(route=epb.ROUTE_GROUP, thread_id="t-cw")
     )
@@ -304,18 +311,7 @@ async def test_a_run_recorded_by_an_older_version_resumes_by_its_old_fingerprint
     # xxh3 stored (a restart onto an upgraded server, or a rolling deploy).
     request = start_request("报数", run_id="old-1", thread_id="t-old")
     old = legacy_fingerprint("t-old", request.snapshot.SerializeToString(deterministic=True))
-    now = time.time()
-    assert await server.store.create_run(
-        RunRecord(
-            tenant="tenant-1",
-            run_id="old-1",
-            thread_id="t-old",
-            fingerprint=old,
-            status=RunStatus.INTERRUPTED,
-            created_at=now,
-            updated_at=now,
-        )
-    )
+    await left_behind(server, "old-1", "t-old", old, RunStatus.INTERRUPTED)
     events = await collect(stub.StartRun(request))
     assert kinds(events)[-1] == "run_completed" and len(finals(events)) == 4
 
@@ -333,18 +329,7 @@ async def test_a_continue_turn_passes_over_a_stopped_run_with_nothing_left(serve
     await read_until(call, is_started(1))
     await stub.CancelRun(pb.CancelRunRequest(run_id="po-a", tenant="tenant-1"))
     left = of_kind(await collect(call), "run_cancelled")[0].run_cancelled.steps_left
-    now = time.time()
-    assert await server.store.create_run(
-        RunRecord(
-            tenant="tenant-1",
-            run_id="po-empty",
-            thread_id="t-po",
-            fingerprint="x3:0",
-            status=RunStatus.CANCELLED,
-            created_at=now,
-            updated_at=now,
-        )
-    )
+    await left_behind(server, "po-empty", "t-po", "x3:0", RunStatus.CANCELLED)
     more = await collect(stub.StartRun(slow_request("继续", run_id="po-c", thread_id="t-po")))
     plan = of_kind(more, "plan_created")[0].plan_created
     assert plan.continued_run_id == "po-a"

@@ -107,6 +107,13 @@ async def test_a_run_being_resumed_is_neither_claimed_nor_resumed_once_claimed(s
     )
 
 
+async def assert_migrated(store) -> None:
+    """The row written with the old layout reads back, and takes a continuation claim."""
+    kept = await store.get_run("acme", "kept")
+    assert kept is not None and kept.continued_by == ""
+    assert await store.claim_continuation("acme", "kept", "next")
+
+
 async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
@@ -119,9 +126,7 @@ async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path
     old.close()
     store = await SqliteRunStore.open(path)
     try:
-        kept = await store.get_run("acme", "kept")
-        assert kept is not None and kept.continued_by == ""
-        assert await store.claim_continuation("acme", "kept", "next")
+        await assert_migrated(store)
     finally:
         await store.close()
 
@@ -138,9 +143,7 @@ async def test_a_postgres_table_from_before_continued_by_gets_the_column() -> No
             )
         store = await PostgresRunStore.open(url)
         try:
-            kept = await store.get_run("acme", "kept")
-            assert kept is not None and kept.continued_by == ""
-            assert await store.claim_continuation("acme", "kept", "next")
+            await assert_migrated(store)
         finally:
             await store.close()
     finally:
