@@ -10,6 +10,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from roundtable.graph.context import GraphContext
+from roundtable.graph.direct import run_nodes_directly
 from roundtable.graph.nodes import classify_directive as classify
 from roundtable.graph.nodes import convergence as converge
 from roundtable.graph.nodes import route_session as route
@@ -61,6 +62,8 @@ def build_conversation_graph(checkpointer: Any = None) -> Any:
     A count-off turn is seven super-steps whatever the number of speakers. The three
     routing nodes choose their successor with `Command(goto=...)` (declared here as
     `destinations`, which is what `roundtable graph` draws); see route_session for why.
+    Nodes run in the run's own task unless a LangChain callback handler listens
+    (`graph.direct`).
     """
     graph = StateGraph(ConversationState, context_schema=GraphContext)
     graph.add_node("hydrate_context", traced("hydrate_context", hydrate_context))
@@ -90,4 +93,5 @@ def build_conversation_graph(checkpointer: Any = None) -> Any:
     graph.add_edge("supervisor", "dispatch")
     graph.add_edge("dispatch", "convergence")
     graph.add_edge("propose_memory", END)
-    return graph.compile(checkpointer=checkpointer, name="ConversationGraph")
+    compiled = graph.compile(checkpointer=checkpointer, name="ConversationGraph")
+    return run_nodes_directly(compiled)
