@@ -357,23 +357,50 @@ class Server:
 # -- machine ------------------------------------------------------------------------------
 
 
+class BatchProcess:
+    """A client in another process that runs batches of turns on command.
+
+    It stays up between batches: `batch(n)` writes n on its stdin and reads back the mean
+    milliseconds per turn it measured itself, so its batches can be interleaved with the
+    suite's own (`suite.interleaved`). A line starting with "error" fails the batch.
+    """
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> BatchProcess:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        return self
+
+    async def batch(self, n: int) -> float:
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(f"{n}\n".encode())
+        await self.proc.stdin.drain()
+        line = (await self.proc.stdout.readline()).decode().strip()
+        if not line or line.startswith("error"):
+            raise RuntimeError(f"{self.name}: {line or 'exited'}")
+        return float(line)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            await self.proc.wait()
+
+
 class GoClient:
     """bench/goclient: the turn driven by a Go gRPC client, as the product's Go gateway would.
 
     Built with the Go toolchain on first use (its build cache makes later builds instant);
     `GoClient.available()` is False where there is no `go`, and the variant is left out.
-    The process stays up between batches; `batch(n)` runs n sequential turns in it and
-    returns the mean milliseconds per turn measured by the Go process itself.
+    `client(...)` is a `BatchProcess` running n sequential turns per batch.
     """
 
     SOURCE = BENCH / "goclient"
-
-    def __init__(self, binary: Path, address: str, request: Any, work: Path) -> None:
-        self.binary = binary
-        self.address = address
-        self.request_path = work / "goclient-request.bin"
-        self.request_path.write_bytes(request.SerializeToString())
-        self.proc: asyncio.subprocess.Process | None = None
 
     @staticmethod
     def available() -> bool:
@@ -391,28 +418,23 @@ class GoClient:
             raise RuntimeError(f"go build bench/goclient failed: {out.decode()[-2000:]}")
         return binary
 
-    async def start(self, prefix: str) -> GoClient:
-        self.proc = await asyncio.create_subprocess_exec(
-            str(self.binary), "-addr", self.address, "-request", str(self.request_path),
-            "-prefix", prefix,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        return self
+    @staticmethod
+    def client(binary: Path, address: str, request: Any, work: Path, prefix: str) -> BatchProcess:
+        request_path = work / "goclient-request.bin"
+        request_path.write_bytes(request.SerializeToString())
+        argv = [str(binary), "-addr", address, "-request", str(request_path), "-prefix", prefix]
+        return BatchProcess("goclient", argv)
 
-    async def batch(self, n: int) -> float:
-        assert self.proc is not None and self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(f"{n}\n".encode())
-        await self.proc.stdin.drain()
-        line = (await self.proc.stdout.readline()).decode().strip()
-        if not line or line.startswith("error"):
-            raise RuntimeError(f"goclient: {line or 'exited'}")
-        return float(line)
 
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            await self.proc.wait()
+PEER_PYTHON = BENCH / ".venv-peer" / "bin" / "python"
+
+
+def autogen_peer() -> BatchProcess | None:
+    """B7's AutoGen peer in batch mode (`peer_autogen.py --serve`), when its venv exists."""
+    python = Path(os.environ.get("BENCH_PEER_PYTHON", PEER_PYTHON))
+    if not python.exists():
+        return None
+    return BatchProcess("autogen peer", [str(python), str(BENCH / "peer_autogen.py"), "--serve"])
 
 
 def machine_info() -> dict[str, Any]:

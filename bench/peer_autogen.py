@@ -10,6 +10,12 @@ repetition is the mean of a batch of sequential turns), with streaming off (the 
 like Roundtable's count-off replies of one token) and on (model_client_stream=True).
 
 Usage: bench/.venv-peer/bin/python bench/peer_autogen.py [--quick] [--out FILE]
+       bench/.venv-peer/bin/python bench/peer_autogen.py --serve
+
+`--serve` is how B1 measures the judged B7 figure: the suite keeps this process up and
+interleaves its batches with Roundtable's (`benchlib.BatchProcess`), so both sides of the
+ratio meet the same moment of this noisy machine. It reads a number N per line on stdin,
+runs N sequential turns (streaming off) and answers the mean milliseconds per turn.
 """
 
 from __future__ import annotations
@@ -89,11 +95,32 @@ async def measure(stream: bool, warmup: int, reps: int, turns: int) -> dict[str,
     return summary(samples, "ms/turn")
 
 
+async def serve() -> int:
+    """Batches on command: a line "N" on stdin runs N turns and prints ms per turn."""
+    team, clients = build_team(False)
+    replies = await one_turn(team, clients)
+    if replies != [f"{i + 1}!" for i in range(len(NAMES))]:
+        print(f"error: unexpected count-off: {replies}", flush=True)
+        return 1
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        turns = int(line)
+        gc.collect()
+        t0 = time.perf_counter()
+        for _ in range(turns):
+            await one_turn(team, clients)
+        print(f"{(time.perf_counter() - t0) * 1000 / max(1, turns):.6f}", flush=True)
+    return 0
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description="B7: AutoGen RoundRobinGroupChat count-off")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="")
+    parser.add_argument("--serve", action="store_true", help="batches on command (stdin)")
     args = parser.parse_args()
+    if args.serve:
+        return await serve()
     warmup, reps, turns = (3, 3, 5) if args.quick else (10, 5, 20)
     t0 = time.perf_counter()
     result = {

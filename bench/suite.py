@@ -35,6 +35,7 @@ from benchlib import (
     COUNT_OFF,
     GoClient,
     Server,
+    autogen_peer,
     kind_of,
     machine_info,
     model_ref,
@@ -518,6 +519,7 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
     }
     turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_async", "iii_grpc_go"]}
     go_left_out = ""
+    peer_left_out = ""
     cpu_used = {"iii_grpc": 0.0, "iii_grpc_async": 0.0, "iii_grpc_go": 0.0}
     client_cpu = {"iii_grpc": 0.0, "iii_grpc_async": 0.0}
     server = await Server(work / "b1-serve.db", work / "b1-serve.log").start()
@@ -564,9 +566,9 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
                 except RuntimeError as exc:  # e.g. modules not downloadable here
                     go_left_out = str(exc)
             if go_binary is not None:
-                go = await GoClient(go_binary, f"127.0.0.1:{server.port}", template, work).start(
-                    "b1go"
-                )
+                go = await GoClient.client(
+                    go_binary, f"127.0.0.1:{server.port}", template, work, "b1go"
+                ).start()
                 stack.push_async_callback(go.stop)
 
                 async def go_batch(n: int) -> float:
@@ -577,6 +579,15 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
                     return ms
 
                 batches["iii_grpc_go"] = go_batch
+            # B7's judged figure: AutoGen's turn in batches interleaved with these, so the
+            # ratio pairs measurements of the same moment (bench/peer_autogen.py --serve).
+            peer = autogen_peer()
+            if peer is None:
+                peer_left_out = "no bench/.venv-peer (bench/run.sh makes it; --skip-peer)"
+            else:
+                await peer.start()
+                stack.push_async_callback(peer.stop)
+                batches["peer_autogen"] = peer.batch
             samples = await interleaved(variants, cfg, cfg.turns, cfg.reps, batches)
             rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
             unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))
@@ -607,6 +618,7 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         "durability": durability,
         "floor_store_noop_methods": unknown,
         "iii_grpc_go_left_out": go_left_out,
+        "peer_autogen_left_out": peer_left_out,
         "components": components,
         "notes": (
             "Every in-process variant is running_server() (the composition root) driven "
@@ -621,7 +633,9 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             "iii_grpc: a real `roundtable serve` process on loopback, client in the bench "
             "process; iii_grpc_async: the same with --checkpoint-durability async; "
             "iii_grpc_go: the iii_grpc server driven by a Go gRPC client (bench/goclient, "
-            "the language of the product's gateway; left out where `go` is missing). "
+            "the language of the product's gateway; left out where `go` is missing); "
+            "peer_autogen: B7's AutoGen turn (bench/peer_autogen.py --serve, in its own "
+            "venv and process), in batches interleaved with the others. "
             "Proto->domain conversion is inside every in-process turn. server_cpu_ms_per_turn: "
             "utime+stime of the serve process per turn (/proc), 10 ms clock ticks; "
             "client_cpu_ms_per_turn: the bench process's own CPU (the Python gRPC client) per "
