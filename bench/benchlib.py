@@ -242,7 +242,10 @@ def proc_rss_bytes(pid: int) -> int:
 
 
 class Server:
-    """`roundtable serve` (or bench/flood_server.py) on a free loopback port; logs to a file."""
+    """`roundtable serve` (or bench/flood_server.py) on a free loopback port; logs to a file.
+
+    Its store is the SQLite file `db` unless `store` names another (a Postgres DSN).
+    """
 
     def __init__(
         self,
@@ -251,9 +254,11 @@ class Server:
         *args: str,
         script: Path | None = None,
         env: dict[str, str] | None = None,
+        store: str = "",
     ) -> None:
         self.env = env or {}
         self.db = db
+        self.store = store or f"sqlite:///{db}"
         self.log_path = log
         self.args = args
         self.script = script
@@ -272,7 +277,7 @@ class Server:
             "--listen",
             "127.0.0.1:0",
             "--store",
-            f"sqlite:///{self.db}",
+            self.store,
             *self.args,
             stdout=self._log,
             stderr=self._log,

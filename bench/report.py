@@ -107,6 +107,18 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             "x",
         )
     )
+    pg = fig(suite, "B1", "iii_grpc_postgres")
+    if pg:
+        goals.append(
+            goal(
+                "B1 end to end, a replica on Postgres ÷ on SQLite (iii_grpc_postgres ÷ iii_grpc)",
+                "report",
+                paired_ratio(pg, e2e),
+                None,
+                f"{fmt(pg['median'])} ms vs {fmt(e2e and e2e['median'])} ms",
+                "x",
+            )
+        )
     for variant, label in (
         ("iii_grpc_go", "B1 end to end, Go gRPC client (bench/goclient) ÷ floor"),
         ("ii_durable", "B1 in-process durable ÷ floor (ii ÷ i)"),

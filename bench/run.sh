@@ -48,6 +48,10 @@ if [[ $SKIP_PEER -eq 0 ]]; then
   fi
 fi
 
+# B1's Postgres variant uses BENCH_POSTGRES_DSN, or the tests' Postgres when it is set
+# (eval "$(scripts/postgres.sh env)"); without either it is left out.
+export BENCH_POSTGRES_DSN=${BENCH_POSTGRES_DSN:-${ROUNDTABLE_TEST_POSTGRES_DSN:-}}
+
 echo "[bench] suite B1-B6 ${SUITE_ARGS[*]+"${SUITE_ARGS[*]}"}"
 "$PY" bench/suite.py "${SUITE_ARGS[@]+"${SUITE_ARGS[@]}"}" --out "$RESULTS/latest.suite.json" || rc=$?
 

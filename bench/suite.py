@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import random
 import shutil
 import sys
@@ -517,15 +518,25 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         "ii_durable_sync_full": dict(synchronous="FULL"),
         "ii_durable_async": dict(durability="async"),
     }
-    turns_done = {name: 0 for name in [*specs, "iii_grpc", "iii_grpc_async", "iii_grpc_go"]}
+    served = ["iii_grpc", "iii_grpc_async", "iii_grpc_postgres", "iii_grpc_go"]
+    turns_done = {name: 0 for name in [*specs, *served]}
     go_left_out = ""
     peer_left_out = ""
-    cpu_used = {"iii_grpc": 0.0, "iii_grpc_async": 0.0, "iii_grpc_go": 0.0}
-    client_cpu = {"iii_grpc": 0.0, "iii_grpc_async": 0.0}
+    cpu_used = {name: 0.0 for name in served}
+    client_cpu = {name: 0.0 for name in served[:-1]}
     server = await Server(work / "b1-serve.db", work / "b1-serve.log").start()
     server_async = await Server(
         work / "b1-serve-async.db", work / "b1-serve-async.log", "--checkpoint-durability", "async"
     ).start()
+    # With a Postgres DSN (bench/run.sh passes the tests' one when set), the same turn
+    # against a replica on Postgres: the store several replicas share (thread lock, lease).
+    postgres_dsn = os.environ.get("BENCH_POSTGRES_DSN", "")
+    server_pg = (
+        await Server(work / "b1-pg.db", work / "b1-pg.log", store=postgres_dsn).start()
+        if postgres_dsn
+        else None
+    )
+    postgres_left_out = "" if postgres_dsn else "no BENCH_POSTGRES_DSN"
     try:
         async with contextlib.AsyncExitStack() as stack:
             inproc = {
@@ -556,6 +567,8 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             variants = {name: inproc_turn(name) for name in inproc}
             variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
             variants["iii_grpc_async"] = await grpc_variant("iii_grpc_async", server_async)
+            if server_pg is not None:
+                variants["iii_grpc_postgres"] = await grpc_variant("iii_grpc_postgres", server_pg)
             batches = {}
             go_binary = None
             if not GoClient.available():
@@ -594,9 +607,13 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
     finally:
         await server.stop()
         await server_async.stop()
+        if server_pg is not None:
+            await server_pg.stop()
     figures = {name: summary(v, "ms/turn") for name, v in samples.items()}
     server_cpu_ms = {
-        name: round(cpu * 1000 / max(1, turns_done[name]), 2) for name, cpu in cpu_used.items()
+        name: round(cpu * 1000 / turns_done[name], 2)
+        for name, cpu in cpu_used.items()
+        if turns_done[name]
     }
     try:
         components = await b1_components(cfg, work)
@@ -612,13 +629,15 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         "rows_per_turn": per_turn,
         "server_cpu_ms_per_turn": server_cpu_ms,
         "client_cpu_ms_per_turn": {
-            name: round(cpu * 1000 / max(1, turns_done[name]), 2)
+            name: round(cpu * 1000 / turns_done[name], 2)
             for name, cpu in client_cpu.items()
+            if turns_done[name]
         },
         "durability": durability,
         "floor_store_noop_methods": unknown,
         "iii_grpc_go_left_out": go_left_out,
         "peer_autogen_left_out": peer_left_out,
+        "iii_grpc_postgres_left_out": postgres_left_out,
         "components": components,
         "notes": (
             "Every in-process variant is running_server() (the composition root) driven "
@@ -632,6 +651,8 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             "(a checkpoint after the plan and after the round too); "
             "iii_grpc: a real `roundtable serve` process on loopback, client in the bench "
             "process; iii_grpc_async: the same with --checkpoint-durability async; "
+            "iii_grpc_postgres: the same with --store BENCH_POSTGRES_DSN (the store of "
+            "several replicas; left out without one); "
             "iii_grpc_go: the iii_grpc server driven by a Go gRPC client (bench/goclient, "
             "the language of the product's gateway; left out where `go` is missing); "
             "peer_autogen: B7's AutoGen turn (bench/peer_autogen.py --serve, in its own "
