@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 
 import pytest
 from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.config import var_child_runnable_config
 from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
@@ -39,14 +40,16 @@ async def second(state: State) -> State:
     return {"count": state["count"] + 1, "tasks": [*state["tasks"], id(asyncio.current_task())]}
 
 
-def small_graph() -> Any:
+def plain_graph(*, direct: bool) -> Any:
+    """The small graph with and without the shortcut, for comparing what users see."""
     graph = StateGraph(State, context_schema=Context)
     graph.add_node("first", first)
     graph.add_node("second", second)
     graph.add_edge(START, "first")
     graph.add_edge("first", "second")
     graph.add_edge("second", END)
-    return run_nodes_directly(graph.compile())
+    compiled = graph.compile()
+    return run_nodes_directly(compiled) if direct else compiled
 
 
 class NodeNames(AsyncCallbackHandler):
@@ -59,7 +62,7 @@ class NodeNames(AsyncCallbackHandler):
 
 async def test_nodes_run_in_the_callers_task_with_their_config_and_runtime() -> None:
     async def invoke() -> tuple[dict[str, Any], int]:
-        result = await small_graph().ainvoke({"count": 0}, context=Context("ctx"))
+        result = await plain_graph(direct=True).ainvoke({"count": 0}, context=Context("ctx"))
         return result, id(asyncio.current_task())
 
     result, caller = await asyncio.create_task(invoke())
@@ -70,7 +73,7 @@ async def test_nodes_run_in_the_callers_task_with_their_config_and_runtime() -> 
 
 async def test_a_callback_handler_still_sees_every_node_through_langgraphs_own_path() -> None:
     handler = NodeNames()
-    result = await small_graph().ainvoke(
+    result = await plain_graph(direct=True).ainvoke(
         {"count": 0}, config={"callbacks": [handler]}, context=Context("ctx")
     )
     assert result["count"] == 2 and result["seen"] == ["first", "ctx"]
@@ -81,8 +84,38 @@ async def test_a_callback_handler_still_sees_every_node_through_langgraphs_own_p
 
 async def test_a_failing_node_raises_and_leaves_no_config_behind() -> None:
     with pytest.raises(ValueError, match="too many"):
-        await small_graph().ainvoke({"count": 5}, context=Context("ctx"))
+        await plain_graph(direct=True).ainvoke({"count": 5}, context=Context("ctx"))
     assert var_child_runnable_config.get() is None
+
+
+async def test_astream_events_sees_what_langgraph_alone_shows() -> None:
+    async def node_events(direct: bool) -> list[tuple[str, str]]:
+        graph = plain_graph(direct=direct)
+        return [
+            (e["event"], e["name"])
+            async for e in graph.astream_events({"count": 0}, version="v2", context=Context("ctx"))
+            if e["name"] in ("first", "second")
+        ]
+
+    with_shortcut = await node_events(True)
+    assert with_shortcut == await node_events(False)
+    assert ("on_chain_stream", "first") in with_shortcut
+
+
+async def test_a_langchain_call_inside_a_node_keeps_its_own_name() -> None:
+    handler = NodeNames()
+    inner = RunnableLambda(lambda x: x, name="inner").with_config(callbacks=[handler])
+
+    async def calls_inner(state: State) -> State:
+        await inner.ainvoke(1)
+        return {"count": state["count"] + 1}
+
+    graph = StateGraph(State)
+    graph.add_node("outer", calls_inner)
+    graph.add_edge(START, "outer")
+    graph.add_edge("outer", END)
+    await run_nodes_directly(graph.compile()).ainvoke({"count": 0})
+    assert handler.names == ["inner"]
 
 
 def test_every_node_of_the_conversation_graph_runs_directly() -> None:

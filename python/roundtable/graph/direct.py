@@ -12,11 +12,12 @@ count-off turn (7 nodes) served over gRPC, 13-17 % of the turn.
 with the node's config set as the current runnable config (so `get_config()`,
 `get_runtime()` and LangChain calls inside a node behave as before). When a handler is
 configured (LangSmith tracing, `astream_events`, a handler passed in `config`), it hands
-the call to LangGraph's own sequence unchanged.
+the call, streamed or not, to LangGraph's own sequence unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 from langchain_core.callbacks import BaseCallbackManager
@@ -38,7 +39,11 @@ def has_handlers(config: RunnableConfig | None) -> bool:
 
 
 class DirectNode(Runnable[Any, Any]):
-    """A node's step sequence, run in the caller's task when no handler is configured."""
+    """A node's step sequence, run in the caller's task when no handler is configured.
+
+    The node shares the run task's context (no copy per node): a node must undo any
+    context variable it sets, as Roundtable's do (spans are context managers).
+    """
 
     def __init__(self, sequence: Runnable[Any, Any], steps: list[Runnable[Any, Any]]) -> None:
         self.sequence = sequence
@@ -49,10 +54,31 @@ class DirectNode(Runnable[Any, Any]):
         """The synchronous path is LangGraph's own (Roundtable runs graphs async only)."""
         return self.sequence.invoke(input, config, **kwargs)
 
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[Any]:
+        """LangGraph's own path: streaming is asked for by a handler (`astream_events`)."""
+        return self.sequence.stream(input, config, **kwargs)
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """LangGraph's own streaming path when a handler listens; else one `ainvoke`."""
+        if config is None or has_handlers(config):
+            async for chunk in self.sequence.astream(input, config, **kwargs):
+                yield chunk
+        else:
+            yield await self.ainvoke(input, config, **kwargs)
+
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         """The node, then its writers, each given `config`; LangGraph's path if traced."""
         if config is None or has_handlers(config):
             return await self.sequence.ainvoke(input, config, **kwargs)
+        if "run_name" in config or "run_id" in config:
+            # The task's run name and id belong to the node's own callback run, which
+            # RunnableSeq consumes; passed on, a LangChain call inside the node would
+            # inherit the node's name.
+            config = {k: v for k, v in config.items() if k not in ("run_name", "run_id")}  # type: ignore[assignment]
         token = var_child_runnable_config.set(config)
         try:
             value = await self.steps[0].ainvoke(input, config, **kwargs)
