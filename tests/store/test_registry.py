@@ -114,6 +114,32 @@ async def assert_migrated(store) -> None:
     assert await store.claim_continuation("acme", "kept", "next")
 
 
+async def test_finishing_a_run_writes_its_end_and_frees_it_for_its_owner_only(server) -> None:
+    store = server.store
+    mine = record("mine", RunStatus.RUNNING, lease_until=time.time() + 30)
+    assert await store.create_run(mine)
+    await store.request_cancel("acme", "mine", "graceful", "stop_turn")
+    mine.status, mine.last_seq, mine.finished_reply_ids = RunStatus.CANCELLED, 7, ["mine#0"]
+    # A replica that lost the run (its lease taken over) writes nothing.
+    await store.finish_run(mine, "replica-y")
+    kept = await store.get_run("acme", "mine")
+    assert kept is not None
+    assert (kept.status, kept.owner, kept.cancel_mode) == (
+        RunStatus.RUNNING,
+        "replica-x",
+        "graceful",
+    )
+    await store.finish_run(mine, "replica-x")
+    done = await store.get_run("acme", "mine")
+    assert done is not None
+    assert (done.status, done.last_seq, done.finished_reply_ids) == (
+        RunStatus.CANCELLED,
+        7,
+        ["mine#0"],
+    )
+    assert (done.owner, done.lease_until, done.cancel_mode, done.cancel_reason) == ("", 0, "", "")
+
+
 async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)

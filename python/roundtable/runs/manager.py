@@ -597,8 +597,7 @@ class RunManager:
                 record.plan_json = live.progress.plan_json()
                 record.finished_reply_ids = live.progress.finished_reply_ids
                 with contextlib.suppress(Exception):
-                    await self.store.update_run(record)
-                    await self.store.release_lease(record.tenant, record.run_id, self.owner)
+                    await self.store.finish_run(record, self.owner)
             self._forget(live)
 
     def _forget(self, live: LiveRun) -> None:

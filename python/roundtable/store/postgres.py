@@ -19,7 +19,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from roundtable.domain.errors import ThreadBusy
 from roundtable.store.base import RUN_COLUMNS, RunRecord, StoredEvent, run_from_row, run_row
-from roundtable.store.statements import Statements, acquire_params, update_params
+from roundtable.store.statements import (
+    Statements,
+    acquire_params,
+    finish_params,
+    update_params,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rt_runs (
@@ -190,8 +195,9 @@ class PostgresRunStore:
         params = (time.time() + ttl_s, tenant, run_id, owner)
         return await self._execute(_SQL.renew_lease, params) == 1
 
-    async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
-        await self._execute(_SQL.release_lease, (tenant, run_id, owner))
+    async def finish_run(self, record: RunRecord, owner: str) -> None:
+        record.updated_at = time.time()
+        await self._execute(_SQL.finish_run, finish_params(record, owner))
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
         await self._execute(_SQL.request_cancel, (mode, reason, tenant, run_id))

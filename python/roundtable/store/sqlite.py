@@ -27,7 +27,12 @@ import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from roundtable.store.base import RunRecord, StoredEvent, run_from_row, run_row
-from roundtable.store.statements import Statements, acquire_params, update_params
+from roundtable.store.statements import (
+    Statements,
+    acquire_params,
+    finish_params,
+    update_params,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rt_runs (
@@ -192,8 +197,9 @@ class SqliteRunStore:
         params = (time.time() + ttl_s, tenant, run_id, owner)
         return self.conn.execute(_SQL.renew_lease, params).rowcount == 1
 
-    async def release_lease(self, tenant: str, run_id: str, owner: str) -> None:
-        self.conn.execute(_SQL.release_lease, (tenant, run_id, owner))
+    async def finish_run(self, record: RunRecord, owner: str) -> None:
+        record.updated_at = time.time()
+        self.conn.execute(_SQL.finish_run, finish_params(record, owner))
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
         self.conn.execute(_SQL.request_cancel, (mode, reason, tenant, run_id))

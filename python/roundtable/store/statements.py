@@ -31,7 +31,7 @@ class Statements:
     continued_run: str
     acquire_lease: str
     renew_lease: str
-    release_lease: str
+    finish_run: str
     request_cancel: str
 
     @classmethod
@@ -83,9 +83,10 @@ class Statements:
             renew_lease=(
                 f"UPDATE rt_runs SET lease_until={p} WHERE tenant={p} AND run_id={p} AND owner={p}"
             ),
-            release_lease=(
-                "UPDATE rt_runs SET owner='', lease_until=0, cancel_mode='', cancel_reason='' "
-                f"WHERE tenant={p} AND run_id={p} AND owner={p}"
+            finish_run=(
+                f"UPDATE rt_runs SET status={p}, plan_json={p}, finished_reply_ids={p}, "
+                f"last_seq={p}, updated_at={p}, owner='', lease_until=0, cancel_mode='', "
+                f"cancel_reason='' WHERE tenant={p} AND run_id={p} AND owner={p}"
             ),
             request_cancel=(
                 f"UPDATE rt_runs SET cancel_mode={p}, cancel_reason={p} "
@@ -105,6 +106,11 @@ def update_params(record: RunRecord) -> tuple[Any, ...]:
         record.tenant,
         record.run_id,
     )
+
+
+def finish_params(record: RunRecord, owner: str) -> tuple[Any, ...]:
+    """The parameters of `finish_run` (the caller has set `record.updated_at`)."""
+    return (*update_params(record), owner)
 
 
 def acquire_params(
