@@ -341,6 +341,65 @@ def test_only_the_history_window_is_validated_message_by_message() -> None:
     assert "USER or ASSISTANT" in violations[0].description
 
 
+def _history_bytes(request: pb.StartRunRequest, bad: dict[int, bytes]) -> bytes:
+    """The request's wire bytes with some history messages replaced by other bytes."""
+    snapshot = spb.Snapshot()
+    snapshot.CopyFrom(request.snapshot)
+    history = [m.SerializeToString() for m in snapshot.history]
+    for index, raw in bad.items():
+        history[index] = raw
+    snapshot.ClearField("history")
+    field = spb.Snapshot.DESCRIPTOR.fields_by_name["history"].number
+    tag = bytes([field << 3 | 2])
+    body = snapshot.SerializeToString() + b"".join(tag + _varint(len(raw)) + raw for raw in history)
+    head = pb.StartRunRequest(context=request.context).SerializeToString()
+    snapshot_tag = bytes([pb.StartRunRequest.DESCRIPTOR.fields_by_name["snapshot"].number << 3 | 2])
+    return head + snapshot_tag + _varint(len(body)) + body
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+async def test_history_messages_outside_the_window_are_counted_not_parsed(server) -> None:
+    """A message Roundtable reads must parse; one it never reads is only counted.
+
+    `content` is a proto3 string: bytes that are not UTF-8 make the message unparseable.
+    Inside the window that is INVALID_ARGUMENT naming the message; outside it the turn runs
+    (the bytes still count in the fingerprint, so a changed old message is another turn).
+    """
+    request = start_request("大家报数！")
+    total = 100
+    request.snapshot.history.extend(
+        spb.HistoryMessage(role=spb.MESSAGE_ROLE_USER, content=f"m{i}") for i in range(total)
+    )
+    not_utf8 = (
+        spb.HistoryMessage(role=spb.MESSAGE_ROLE_USER).SerializeToString() + b"\x22\x02\xff\xfe"
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        start_run = channel.unary_stream(
+            "/roundtable.v1.OrchestratorService/StartRun",
+            request_serializer=lambda data: data,
+            response_deserializer=pb.StartRunResponse.FromString,
+        )
+        rejected = await rejection(start_run(_history_bytes(request, {total - 1: not_utf8})))
+        assert rejected.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert rejected.violations == {
+            f"snapshot.history[{total - 1}]": "is not a valid HistoryMessage"
+        }
+        assert await server.store.count_rows() == 0
+
+        outside = total - RequestLimits().history_window - 1
+        events = [r.event async for r in start_run(_history_bytes(request, {outside: not_utf8}))]
+    assert events[-1].WhichOneof("payload") == "run_completed"
+    assert len(finals(events)) == len(request.snapshot.members)
+
+
 def test_a_history_over_the_count_limit_is_reported() -> None:
     """The messages outside the window are still counted."""
     request = start_request("hello")

@@ -20,6 +20,11 @@ def _request(**kwargs: object) -> pb.StartRunRequest:
     return request
 
 
+def as_sent(received: ReceivedStartRun) -> pb.StartRunRequest:
+    """The received request as a StartRunRequest (its history was kept as bytes)."""
+    return pb.StartRunRequest.FromString(received.message.SerializeToString())
+
+
 def _fingerprint(received: ReceivedStartRun | pb.StartRunRequest) -> str:
     return run_request_from_proto(received, limits=RequestLimits(), defaults=Budgets()).fingerprint
 
@@ -31,10 +36,19 @@ def test_the_snapshot_bytes_are_those_received() -> None:
     assert received.wire_size == len(data)
     assert received.snapshot_wire is not None
     assert bytes(received.snapshot_wire) == request.snapshot.SerializeToString()
-    assert received.message == request
+    assert as_sent(received) == request
     # Once converted, the servicer lets the parsed request go for the rest of the stream.
     received.release()
     assert received.message.ByteSize() == 0 and received.snapshot_wire is None
+
+
+def test_history_messages_are_parsed_when_read() -> None:
+    request = _request()
+    received = ReceivedStartRun.parse(request.SerializeToString())
+    assert len(received.history) == 50
+    assert received.history[-1] == request.snapshot.history[49]
+    assert received.history[47:] == list(request.snapshot.history[47:])
+    assert received.history[-1] is received.history[49], "parsed once"
 
 
 def test_the_fingerprint_is_the_same_off_the_wire_and_in_process() -> None:
@@ -69,5 +83,5 @@ def test_a_snapshot_sent_in_two_parts_is_fingerprinted_as_parsed() -> None:
     data = head + part_1.SerializeToString() + part_2.SerializeToString()
     received = ReceivedStartRun.parse(data)
     assert received.snapshot_wire is None
-    assert received.message == request
+    assert as_sent(received) == request
     assert _fingerprint(received) == _fingerprint(request)

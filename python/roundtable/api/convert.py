@@ -91,7 +91,11 @@ def run_request_from_proto(
     return RunRequest(
         context=context,
         snapshot=snapshot_from_proto(
-            request.snapshot, limits=limits, defaults=defaults, overrides=overrides
+            request.snapshot,
+            limits=limits,
+            defaults=defaults,
+            overrides=overrides,
+            history=received.history,
         ),
         options=options_from_proto(request.options),
         fingerprint=fingerprint(request.context.thread_id, received.snapshot_bytes()),
@@ -104,10 +108,16 @@ def snapshot_from_proto(
     limits: RequestLimits,
     defaults: Budgets,
     overrides: spb.Budgets | None = None,
+    history: Sequence[spb.HistoryMessage] | None = None,
 ) -> Snapshot:
-    """Converts a validated snapshot; keeps only the history window a prompt can use."""
+    """Converts a validated snapshot; keeps only the history window a prompt can use.
+
+    `history` is the snapshot's history as received (`api.wire.ReceivedStartRun.history`);
+    without it, `snapshot.history`.
+    """
     session = snapshot.session
-    history = snapshot.history
+    if history is None:
+        history = snapshot.history
     window = history[max(0, len(history) - limits.history_window) :]
     budgets = _budgets(session.budgets, defaults)
     if overrides is not None:

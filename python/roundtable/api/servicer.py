@@ -94,7 +94,11 @@ class OrchestratorServicer:
         """Validates the turn, then streams its events (see the proto for semantics)."""
         request = received.message
         violations = validate_start_run(
-            request, limits=self.limits, providers=self.providers, wire_size=received.wire_size
+            request,
+            limits=self.limits,
+            providers=self.providers,
+            wire_size=received.wire_size,
+            history=received.history,
         )
         if violations:
             await _abort(context, InvalidRequest(violations))

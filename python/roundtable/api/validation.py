@@ -7,7 +7,9 @@ Field paths follow the proto field names (`snapshot.members[2].member_id`), the 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+
+from google.protobuf.message import DecodeError
 
 from roundtable.api.limits import RequestLimits
 from roundtable.domain.errors import FieldViolation
@@ -76,11 +78,14 @@ def validate_start_run(
     limits: RequestLimits,
     providers: Collection[str],
     wire_size: int | None = None,
+    history: Sequence[spb.HistoryMessage] | None = None,
 ) -> list[FieldViolation]:
     """Returns every violation of a StartRunRequest (empty when it is valid).
 
     `wire_size` is the request's size as received; without it the message is measured
-    (which walks all of it: ≈0.45 ms for a 10,000-message history).
+    (which walks all of it: ≈0.45 ms for a 10,000-message history). `history` is the
+    snapshot's history as received (`api.wire.ReceivedStartRun.history`); without it,
+    `request.snapshot.history`.
     """
     c = _Collector(limits)
     size = request.ByteSize() if wire_size is None else wire_size
@@ -101,7 +106,14 @@ def validate_start_run(
     if not request.HasField("snapshot"):
         c.add("snapshot", "is required")
     else:
-        _snapshot(c, request.snapshot, credentials, providers)
+        snapshot = request.snapshot
+        _snapshot(
+            c,
+            snapshot,
+            snapshot.history if history is None else history,
+            credentials,
+            providers,
+        )
     if request.HasField("options"):
         _options(c, request.options)
     return c.violations
@@ -110,6 +122,7 @@ def validate_start_run(
 def _snapshot(
     c: _Collector,
     snapshot: spb.Snapshot,
+    history: Sequence[spb.HistoryMessage],
     credentials: Mapping[str, str],
     providers: Collection[str],
 ) -> None:
@@ -145,14 +158,17 @@ def _snapshot(
         if session.HasField("budgets"):
             _budgets(c, "snapshot.session.budgets", session.budgets)
 
-    history = snapshot.history
     c.count("snapshot.history", len(history), limits.max_history)
     # Only the window Roundtable reads is validated message by message; the rest is only
     # counted (and bounded by the request size), so a long history costs next to nothing.
     start = max(0, len(history) - limits.history_window)
     for i in range(start, len(history)):
-        message = history[i]
         path = f"snapshot.history[{i}]"
+        try:
+            message = history[i]
+        except DecodeError:
+            c.add(path, "is not a valid HistoryMessage")
+            continue
         if message.role not in (spb.MESSAGE_ROLE_USER, spb.MESSAGE_ROLE_ASSISTANT):
             c.add(f"{path}.role", "must be USER or ASSISTANT")
         c.text(f"{path}.content", message.content, limits.max_message_bytes)

@@ -7,6 +7,12 @@ edge needs are cheaper from the bytes gRPC received than from the parsed message
 - the idempotency fingerprint, a hash of the snapshot: hashing the snapshot's bytes as
   received skips serializing the message again (≈0.4 ms at 10,000 messages).
 
+Parsing is cheaper too: the request is parsed as a StartRunRequest whose snapshot keeps each
+history message as its bytes (`ReceivedHistory` parses a message when it is read). Only
+the last `history_window` messages are ever read; the others are counted and hashed into
+the fingerprint, never parsed (≈1.1 → 0.2 ms for 10,000 messages, and far less memory
+touched). Every other field is parsed as usual.
+
 The snapshot's bytes are found by walking the request's top-level fields only (a handful:
 context, snapshot, credentials entries, options); nothing inside them is looked at. The
 snapshot holds no map fields, so the same snapshot serializes to the same bytes from any
@@ -17,23 +23,102 @@ repeated message fields).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast, overload
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import FileDescriptor
 
 from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import snapshot_pb2 as spb
 
 _SNAPSHOT_FIELD = pb.StartRunRequest.DESCRIPTOR.fields_by_name["snapshot"].number
 _LEN = 2  # wire type of length-delimited fields (messages, strings, map entries)
 _EMPTY = pb.StartRunRequest()
 
 
+def _received_class() -> Any:
+    """StartRunRequest as the edge parses it: the same fields, except `snapshot.history`,
+    whose messages stay bytes (the wire format of a message field and of a bytes field is
+    the same). Built in a pool of its own from the generated descriptors, so it follows
+    the contract as it changes."""
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: FileDescriptor) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        if file.name == spb.DESCRIPTOR.name:
+            snapshot = next(m for m in proto.message_type if m.name == "Snapshot")
+            history = next(f for f in snapshot.field if f.name == "history")
+            history.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+            history.ClearField("type_name")
+        pool.Add(proto)
+        added.add(file.name)
+
+    add(pb.DESCRIPTOR)
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(pb.StartRunRequest.DESCRIPTOR.full_name)
+    )
+
+
+_RECEIVED = _received_class()
+
+
+class ReceivedHistory(Sequence[spb.HistoryMessage]):
+    """A received snapshot's history: each message is parsed the first time it is read.
+
+    Reading a message whose bytes do not parse raises `google.protobuf.message.DecodeError`
+    (validation names the field). A message nobody reads is never parsed, so never checked.
+    """
+
+    __slots__ = ("_parsed", "_raw")
+
+    def __init__(self, raw: Sequence[bytes]) -> None:
+        self._raw = raw
+        self._parsed: dict[int, spb.HistoryMessage] = {}
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, index: int) -> spb.HistoryMessage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[spb.HistoryMessage]: ...
+
+    def __getitem__(self, index: int | slice) -> spb.HistoryMessage | list[spb.HistoryMessage]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._raw)))]
+        if index < 0:
+            index += len(self._raw)
+        message = self._parsed.get(index)
+        if message is None:
+            message = spb.HistoryMessage.FromString(self._raw[index])  # IndexError past the end
+            self._parsed[index] = message
+        return message
+
+
 @dataclass(slots=True)
 class ReceivedStartRun:
-    """A parsed StartRunRequest with its wire size and the span of its snapshot's bytes."""
+    """A parsed StartRunRequest with its wire size and the span of its snapshot's bytes.
+
+    `message` has every field of a StartRunRequest; read the history through `history`,
+    never through `message.snapshot.history` (which holds bytes when the request came off
+    the wire).
+    """
 
     message: pb.StartRunRequest
     wire_size: int
     snapshot_wire: memoryview | None = None
     """The snapshot field's bytes as received; None when they cannot stand for it."""
+    history: Sequence[spb.HistoryMessage] = field(default_factory=tuple)
+    """The snapshot's history messages."""
 
     def release(self) -> None:
         """Lets go of the parsed request once it is converted.
@@ -44,17 +129,23 @@ class ReceivedStartRun:
         """
         self.message = _EMPTY
         self.snapshot_wire = None
+        self.history = ()
 
     @classmethod
     def parse(cls, data: bytes) -> ReceivedStartRun:
         """The gRPC request deserializer of StartRun."""
-        message = pb.StartRunRequest.FromString(data)
-        return cls(message, len(data), _field_bytes(data, _SNAPSHOT_FIELD))
+        message = _RECEIVED.FromString(data)
+        return cls(
+            cast(pb.StartRunRequest, message),
+            len(data),
+            _field_bytes(data, _SNAPSHOT_FIELD),
+            ReceivedHistory(message.snapshot.history),
+        )
 
     @classmethod
     def of(cls, message: pb.StartRunRequest) -> ReceivedStartRun:
         """A request built in process (no wire bytes)."""
-        return cls(message, message.ByteSize())
+        return cls(message, message.ByteSize(), history=message.snapshot.history)
 
     def snapshot_bytes(self) -> bytes | memoryview:
         """The snapshot's serialized bytes, for the fingerprint."""

@@ -230,7 +230,8 @@ type Snapshot struct {
 	Members []*Member `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
 	// Recent history, oldest first, at most 10,000 messages. Roundtable reads
 	// (and validates) only the most recent 64; older ones are counted against
-	// this limit and the request size, and never read.
+	// this limit and the request size, and never read or even parsed (their
+	// bytes still count in the idempotency fingerprint).
 	History []*HistoryMessage `protobuf:"bytes,3,rep,name=history,proto3" json:"history,omitempty"`
 	// The new user turn this run answers. Required.
 	UserTurn      *UserTurn `protobuf:"bytes,4,opt,name=user_turn,json=userTurn,proto3" json:"user_turn,omitempty"`
