@@ -435,8 +435,14 @@ PEER_PYTHON = BENCH / ".venv-peer" / "bin" / "python"
 
 
 def autogen_peer() -> BatchProcess | None:
-    """B7's AutoGen peer in batch mode (`peer_autogen.py --serve`), when its venv exists."""
-    python = Path(os.environ.get("BENCH_PEER_PYTHON", PEER_PYTHON))
+    """B7's AutoGen peer in batch mode (`peer_autogen.py --serve`), when its venv exists.
+
+    BENCH_PEER_PYTHON names another interpreter; set empty (`bench/run.sh --skip-peer`), none.
+    """
+    configured = os.environ.get("BENCH_PEER_PYTHON")
+    if configured == "":
+        return None
+    python = Path(configured or PEER_PYTHON)
     if not python.exists():
         return None
     return BatchProcess("autogen peer", [str(python), str(BENCH / "peer_autogen.py"), "--serve"])

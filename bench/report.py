@@ -300,10 +300,11 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
     # ran them; else the peer's own run after the suite (ratio of medians, unpaired).
     paired = fig(suite, "B1", "peer_autogen")
     autogen = paired or (peer.get("figures") or {}).get("autogen_turn_ms")
+    left_out = ((suite.get("benches") or {}).get("B1") or {}).get("peer_autogen_left_out")
     how = (
         "interleaved with B1, paired per repetition"
         if paired
-        else "AutoGen measured after the suite, unpaired"
+        else "AutoGen measured after the suite, unpaired" + (f": {left_out}" if left_out else "")
     )
 
     def versus(ours: dict[str, Any] | None) -> dict[str, Any] | None:

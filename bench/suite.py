@@ -233,8 +233,9 @@ class MemoryRunStore:
     async def renew_lease(self, *_args: Any) -> bool:
         return True
 
-    async def finish_run(self, record: Any, _owner: str) -> None:
+    async def finish_run(self, record: Any, _owner: str) -> bool:
         self.runs[(record.tenant, record.run_id)] = dataclasses.replace(record)
+        return True
 
     async def request_cancel(self, *_args: Any) -> None:
         return None
@@ -603,9 +604,14 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             if peer is None:
                 peer_left_out = "no bench/.venv-peer (bench/run.sh makes it; --skip-peer)"
             else:
-                await peer.start()
                 stack.push_async_callback(peer.stop)
-                batches["peer_autogen"] = peer.batch
+                try:
+                    await peer.start()
+                    await peer.batch(1)  # a broken peer venv costs B7, not B1
+                except (OSError, RuntimeError, ValueError) as exc:
+                    peer_left_out = f"the AutoGen peer did not run: {exc}"
+                else:
+                    batches["peer_autogen"] = peer.batch
             samples = await interleaved(variants, cfg, cfg.turns, cfg.reps, batches)
             rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
             unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from roundtable.api.convert import run_request_from_proto
 from roundtable.api.limits import RequestLimits
 from roundtable.api.wire import ReceivedStartRun
@@ -49,6 +50,9 @@ def test_history_messages_are_parsed_when_read() -> None:
     assert received.history[-1] == request.snapshot.history[49]
     assert received.history[47:] == list(request.snapshot.history[47:])
     assert received.history[-1] is received.history[49], "parsed once"
+    for outside in (50, -51):
+        with pytest.raises(IndexError):
+            received.history[outside]
 
 
 def test_the_fingerprint_is_the_same_off_the_wire_and_in_process() -> None:

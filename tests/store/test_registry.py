@@ -121,7 +121,7 @@ async def test_finishing_a_run_writes_its_end_and_frees_it_for_its_owner_only(se
     await store.request_cancel("acme", "mine", "graceful", "stop_turn")
     mine.status, mine.last_seq, mine.finished_reply_ids = RunStatus.CANCELLED, 7, ["mine#0"]
     # A replica that lost the run (its lease taken over) writes nothing.
-    await store.finish_run(mine, "replica-y")
+    assert not await store.finish_run(mine, "replica-y")
     kept = await store.get_run("acme", "mine")
     assert kept is not None
     assert (kept.status, kept.owner, kept.cancel_mode) == (
@@ -129,7 +129,7 @@ async def test_finishing_a_run_writes_its_end_and_frees_it_for_its_owner_only(se
         "replica-x",
         "graceful",
     )
-    await store.finish_run(mine, "replica-x")
+    assert await store.finish_run(mine, "replica-x")
     done = await store.get_run("acme", "mine")
     assert done is not None
     assert (done.status, done.last_seq, done.finished_reply_ids) == (

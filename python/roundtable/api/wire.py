@@ -16,9 +16,9 @@ touched). Every other field is parsed as usual.
 The snapshot's bytes are found by walking the request's top-level fields only (a handful:
 context, snapshot, credentials entries, options); nothing inside them is looked at. The
 snapshot holds no map fields, so the same snapshot serializes to the same bytes from any
-client, and `snapshot_bytes` falls back to a deterministic serialization when the request
-did not come off the wire or carries the snapshot field more than once (parsers merge
-repeated message fields).
+client, and `snapshot_bytes` falls back to a deterministic serialization of the parsed
+snapshot (its history messages as received) when the request did not come off the wire or
+carries the snapshot field more than once (parsers merge repeated message fields).
 """
 
 from __future__ import annotations
@@ -95,11 +95,14 @@ class ReceivedHistory(Sequence[spb.HistoryMessage]):
     def __getitem__(self, index: int | slice) -> spb.HistoryMessage | list[spb.HistoryMessage]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self._raw)))]
+        size = len(self._raw)
         if index < 0:
-            index += len(self._raw)
+            index += size
+        if not 0 <= index < size:
+            raise IndexError(index)
         message = self._parsed.get(index)
         if message is None:
-            message = spb.HistoryMessage.FromString(self._raw[index])  # IndexError past the end
+            message = spb.HistoryMessage.FromString(self._raw[index])
             self._parsed[index] = message
         return message
 

@@ -597,7 +597,14 @@ class RunManager:
                 record.plan_json = live.progress.plan_json()
                 record.finished_reply_ids = live.progress.finished_reply_ids
                 with contextlib.suppress(Exception):
-                    await self.store.finish_run(record, self.owner)
+                    if not await self.store.finish_run(record, self.owner):
+                        # Another process owns the row now (e.g. a second server on the same
+                        # SQLite file marked it interrupted): its record is left as it is.
+                        log.warning(
+                            "run %s ended %s here, but its registry row is not ours any more",
+                            record.run_id,
+                            status.value,
+                        )
             self._forget(live)
 
     def _forget(self, live: LiveRun) -> None:

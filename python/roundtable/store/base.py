@@ -204,10 +204,11 @@ class RunStore(Protocol):
         """Extends `owner`'s lease; False when the lease was lost (another replica took over)."""
         ...
 
-    async def finish_run(self, record: RunRecord, owner: str) -> None:
+    async def finish_run(self, record: RunRecord, owner: str) -> bool:
         """Writes the run's final status, plan, finished replies and last seq, and gives it
         up (its lease and any cancel recorded for it), in one statement; only while `owner`
-        holds it, so a replica that lost the run never overwrites its new owner's record."""
+        holds it, so a replica that lost the run never overwrites its new owner's record.
+        False when the row was not `owner`'s any more (nothing written)."""
         ...
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:

@@ -195,9 +195,9 @@ class PostgresRunStore:
         params = (time.time() + ttl_s, tenant, run_id, owner)
         return await self._execute(_SQL.renew_lease, params) == 1
 
-    async def finish_run(self, record: RunRecord, owner: str) -> None:
+    async def finish_run(self, record: RunRecord, owner: str) -> bool:
         record.updated_at = time.time()
-        await self._execute(_SQL.finish_run, finish_params(record, owner))
+        return await self._execute(_SQL.finish_run, finish_params(record, owner)) == 1
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
         await self._execute(_SQL.request_cancel, (mode, reason, tenant, run_id))

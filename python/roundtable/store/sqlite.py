@@ -197,9 +197,9 @@ class SqliteRunStore:
         params = (time.time() + ttl_s, tenant, run_id, owner)
         return self.conn.execute(_SQL.renew_lease, params).rowcount == 1
 
-    async def finish_run(self, record: RunRecord, owner: str) -> None:
+    async def finish_run(self, record: RunRecord, owner: str) -> bool:
         record.updated_at = time.time()
-        self.conn.execute(_SQL.finish_run, finish_params(record, owner))
+        return self.conn.execute(_SQL.finish_run, finish_params(record, owner)).rowcount == 1
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
         self.conn.execute(_SQL.request_cancel, (mode, reason, tenant, run_id))
