@@ -529,97 +529,93 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
     go_left_out = ""
     peer_left_out = ""
     cpu_used = {name: 0.0 for name in served}
-    client_cpu = {name: 0.0 for name in served[:-1]}
-    server = await Server(work / "b1-serve.db", work / "b1-serve.log").start()
-    server_async = await Server(
-        work / "b1-serve-async.db", work / "b1-serve-async.log", "--checkpoint-durability", "async"
-    ).start()
+    client_cpu = {name: 0.0 for name in served if name != "iii_grpc_go"}  # Go times itself
     # With a Postgres DSN (bench/run.sh passes the tests' one when set), the same turn
     # against a replica on Postgres: the store several replicas share (thread lock, lease).
     postgres_dsn = os.environ.get("BENCH_POSTGRES_DSN", "")
-    server_pg = (
-        await Server(work / "b1-pg.db", work / "b1-pg.log", store=postgres_dsn).start()
-        if postgres_dsn
-        else None
-    )
     postgres_left_out = "" if postgres_dsn else "no BENCH_POSTGRES_DSN"
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            inproc = {
-                name: await InProcess.open(stack, work / f"b1-{name}.db", **spec)
-                for name, spec in specs.items()
-            }
+    server_pg: Server | None = None
+    async with contextlib.AsyncExitStack() as stack:
 
-            def inproc_turn(name: str) -> Callable[[], Awaitable[Any]]:
-                async def turn() -> None:
-                    turns_done[name] += 1
-                    await inproc[name].turn(with_run_id(template, new_id(name)))
+        async def serve(name: str, *args: str, store: str = "") -> Server:
+            srv = Server(work / f"{name}.db", work / f"{name}.log", *args, store=store)
+            stack.push_async_callback(srv.stop)
+            return await srv.start()
 
-                return turn
+        server = await serve("b1-serve")
+        server_async = await serve("b1-serve-async", "--checkpoint-durability", "async")
+        if postgres_dsn:
+            server_pg = await serve("b1-pg", store=postgres_dsn)
+        inproc = {
+            name: await InProcess.open(stack, work / f"b1-{name}.db", **spec)
+            for name, spec in specs.items()
+        }
 
-            async def grpc_variant(name: str, srv: Server) -> Callable[[], Awaitable[Any]]:
-                channel = await stack.enter_async_context(srv.channel())
-                stub = srv.stub(channel)
+        def inproc_turn(name: str) -> Callable[[], Awaitable[Any]]:
+            async def turn() -> None:
+                turns_done[name] += 1
+                await inproc[name].turn(with_run_id(template, new_id(name)))
 
-                async def turn() -> None:
-                    turns_done[name] += 1
-                    cpu0, client0 = srv.cpu_seconds(), time.process_time()
-                    await grpc_turn(stub, with_run_id(template, new_id("b1")))
-                    cpu_used[name] += srv.cpu_seconds() - cpu0
-                    client_cpu[name] += time.process_time() - client0
+            return turn
 
-                return turn
+        async def grpc_variant(name: str, srv: Server) -> Callable[[], Awaitable[Any]]:
+            channel = await stack.enter_async_context(srv.channel())
+            stub = srv.stub(channel)
 
-            variants = {name: inproc_turn(name) for name in inproc}
-            variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
-            variants["iii_grpc_async"] = await grpc_variant("iii_grpc_async", server_async)
-            if server_pg is not None:
-                variants["iii_grpc_postgres"] = await grpc_variant("iii_grpc_postgres", server_pg)
-            batches = {}
-            go_binary = None
-            if not GoClient.available():
-                go_left_out = "no `go` on PATH"
-            else:
-                try:
-                    go_binary = await GoClient.build(work)
-                except RuntimeError as exc:  # e.g. modules not downloadable here
-                    go_left_out = str(exc)
-            if go_binary is not None:
-                go = await GoClient.client(
-                    go_binary, f"127.0.0.1:{server.port}", template, work, "b1go"
-                ).start()
-                stack.push_async_callback(go.stop)
+            async def turn() -> None:
+                turns_done[name] += 1
+                cpu0, client0 = srv.cpu_seconds(), time.process_time()
+                await grpc_turn(stub, with_run_id(template, new_id("b1")))
+                cpu_used[name] += srv.cpu_seconds() - cpu0
+                client_cpu[name] += time.process_time() - client0
 
-                async def go_batch(n: int) -> float:
-                    cpu0 = server.cpu_seconds()
-                    ms = await go.batch(n)
-                    cpu_used["iii_grpc_go"] += server.cpu_seconds() - cpu0
-                    turns_done["iii_grpc_go"] += n
-                    return ms
+            return turn
 
-                batches["iii_grpc_go"] = go_batch
-            # B7's judged figure: AutoGen's turn in batches interleaved with these, so the
-            # ratio pairs measurements of the same moment (bench/peer_autogen.py --serve).
-            peer = autogen_peer()
-            if peer is None:
-                peer_left_out = "no bench/.venv-peer (bench/run.sh makes it; --skip-peer)"
-            else:
-                stack.push_async_callback(peer.stop)
-                try:
-                    await peer.start()
-                    await peer.batch(1)  # a broken peer venv costs B7, not B1
-                except (OSError, RuntimeError, ValueError) as exc:
-                    peer_left_out = f"the AutoGen peer did not run: {exc}"
-                else:
-                    batches["peer_autogen"] = peer.batch
-            samples = await interleaved(variants, cfg, cfg.turns, cfg.reps, batches)
-            rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
-            unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))
-    finally:
-        await server.stop()
-        await server_async.stop()
+        variants = {name: inproc_turn(name) for name in inproc}
+        variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
+        variants["iii_grpc_async"] = await grpc_variant("iii_grpc_async", server_async)
         if server_pg is not None:
-            await server_pg.stop()
+            variants["iii_grpc_postgres"] = await grpc_variant("iii_grpc_postgres", server_pg)
+        batches = {}
+        go_binary = None
+        if not GoClient.available():
+            go_left_out = "no `go` on PATH"
+        else:
+            try:
+                go_binary = await GoClient.build(work)
+            except RuntimeError as exc:  # e.g. modules not downloadable here
+                go_left_out = str(exc)
+        if go_binary is not None:
+            go = await GoClient.client(
+                go_binary, f"127.0.0.1:{server.port}", template, work, "b1go"
+            ).start()
+            stack.push_async_callback(go.stop)
+
+            async def go_batch(n: int) -> float:
+                cpu0 = server.cpu_seconds()
+                ms = await go.batch(n)
+                cpu_used["iii_grpc_go"] += server.cpu_seconds() - cpu0
+                turns_done["iii_grpc_go"] += n
+                return ms
+
+            batches["iii_grpc_go"] = go_batch
+        # B7's judged figure: AutoGen's turn in batches interleaved with these, so the
+        # ratio pairs measurements of the same moment (bench/peer_autogen.py --serve).
+        peer = autogen_peer()
+        if peer is None:
+            peer_left_out = "no bench/.venv-peer (bench/run.sh makes it; --skip-peer)"
+        else:
+            stack.push_async_callback(peer.stop)
+            try:
+                await peer.start()
+                await peer.batch(1)  # a broken peer venv costs B7, not B1
+            except (OSError, RuntimeError, ValueError) as exc:
+                peer_left_out = f"the AutoGen peer did not run: {exc}"
+            else:
+                batches["peer_autogen"] = peer.batch
+        samples = await interleaved(variants, cfg, cfg.turns, cfg.reps, batches)
+        rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
+        unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))
     figures = {name: summary(v, "ms/turn") for name, v in samples.items()}
     server_cpu_ms = {
         name: round(cpu * 1000 / turns_done[name], 2)

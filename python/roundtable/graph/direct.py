@@ -29,8 +29,10 @@ Graph = TypeVar("Graph", bound=Pregel[Any, Any, Any, Any])
 
 
 def has_handlers(config: RunnableConfig | None) -> bool:
-    """Whether a LangChain callback handler would see this call."""
-    callbacks = (config or {}).get("callbacks")
+    """Whether a LangChain callback handler would see this call (no config: maybe)."""
+    if config is None:
+        return True
+    callbacks = config.get("callbacks")
     if callbacks is None:
         return False
     if isinstance(callbacks, BaseCallbackManager):
@@ -45,9 +47,10 @@ class DirectNode(Runnable[Any, Any]):
     context variable it sets, as Roundtable's do (spans are context managers).
     """
 
-    def __init__(self, sequence: Runnable[Any, Any], steps: list[Runnable[Any, Any]]) -> None:
-        self.sequence = sequence
-        self.steps = steps
+    def __init__(self, sequence: Any) -> None:
+        """`sequence`: LangGraph's `RunnableSeq` of the node and its writers."""
+        self.sequence: Runnable[Any, Any] = sequence
+        self.steps: list[Runnable[Any, Any]] = list(sequence.steps)
         self.name = sequence.get_name()
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
@@ -64,7 +67,7 @@ class DirectNode(Runnable[Any, Any]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         """LangGraph's own streaming path when a handler listens; else one `ainvoke`."""
-        if config is None or has_handlers(config):
+        if has_handlers(config):
             async for chunk in self.sequence.astream(input, config, **kwargs):
                 yield chunk
         else:
@@ -98,8 +101,6 @@ def run_nodes_directly(graph: Graph) -> Graph:
     """
     for pregel_node in graph.nodes.values():
         sequence = pregel_node.node
-        steps = getattr(sequence, "steps", None)
-        if sequence is None or type(sequence).__name__ != "RunnableSeq" or not steps:
-            continue
-        pregel_node.node = DirectNode(sequence, list(steps))
+        if type(sequence).__name__ == "RunnableSeq" and getattr(sequence, "steps", None):
+            pregel_node.node = DirectNode(sequence)
     return graph
