@@ -159,10 +159,16 @@ async def running_server(
     )
     limits = request_limits(settings)
     server = grpc.aio.server(
-        # One span per RPC, continuing the caller's W3C traceparent (and baggage).
+        # One span per RPC, continuing the caller's W3C traceparent (and baggage), when
+        # spans are exported: with nothing configured the interceptor would only add an
+        # async generator and a no-op span to every message of every stream.
         # Then UNAUTHENTICATED for calls without accepted credentials (health excepted).
         interceptors=[
-            aio_server_interceptor(tracer_provider=telemetry.tracer_provider),
+            *(
+                [aio_server_interceptor(tracer_provider=telemetry.tracer_provider)]
+                if telemetry.traces
+                else []
+            ),
             *([AuthInterceptor(auth)] if auth.enabled else []),
         ],
         options=[

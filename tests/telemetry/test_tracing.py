@@ -157,3 +157,12 @@ def test_nothing_is_exported_without_an_endpoint() -> None:
     assert not telemetry_from_env(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_SDK_DISABLED": "true"}
     ).enabled
+
+
+def test_traces_say_whether_spans_go_anywhere() -> None:
+    # `serve` installs the gRPC tracing interceptor only when this is true.
+    assert not telemetry_from_env({}).traces
+    assert not telemetry_from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_TRACES_EXPORTER": "none"}
+    ).traces
+    assert telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}).traces

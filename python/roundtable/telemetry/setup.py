@@ -30,6 +30,11 @@ class Telemetry:
     meter_provider: metrics.MeterProvider
     enabled: bool = False
 
+    @property
+    def traces(self) -> bool:
+        """Whether spans go anywhere (False for the no-op provider of an unconfigured process)."""
+        return not isinstance(self.tracer_provider, trace.NoOpTracerProvider)
+
     def tracer(self, name: str) -> trace.Tracer:
         """A tracer for one instrumentation scope."""
         return self.tracer_provider.get_tracer(name, __version__)
