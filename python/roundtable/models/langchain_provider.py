@@ -117,16 +117,22 @@ class LangChainProvider:
         parts: list[str] = []
         usage = TokenUsage()
         finish_reason = "stop"
+        # Per chunk, only what the chunk carries: most chunks are a bare string of text,
+        # and usage or a finish reason come once, near the end. (`.text`, and adding an
+        # empty usage, cost ≈3 µs a chunk, a tenth of LangChain's own per-chunk cost.)
         async for chunk in model.astream(messages, **kwargs):
-            text = chunk.text if isinstance(chunk.content, str) else str(chunk.text)
+            content = chunk.content
+            text = content if type(content) is str else str(chunk.text)
             if text:
                 parts.append(text)
                 if on_text is not None:
                     on_text(text)
-            usage = usage + _usage(chunk)
-            reason = chunk.response_metadata.get("finish_reason")
-            if reason:
-                finish_reason = str(reason)
+            if chunk.usage_metadata:
+                usage = usage + _usage(chunk)
+            if chunk.response_metadata:
+                reason = chunk.response_metadata.get("finish_reason")
+                if reason:
+                    finish_reason = str(reason)
         return ChatResult(text="".join(parts), usage=usage, finish_reason=finish_reason, model=name)
 
     async def _structured(
