@@ -9,7 +9,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import ChatCall, ChatMessage
 from roundtable.models.langchain_provider import LangChainProvider
