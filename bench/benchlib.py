@@ -77,6 +77,22 @@ def stamp_age_ms(stamp: str, now_us: int) -> float:
     return ((now_us % STAMP_MOD - produced) % STAMP_MOD) / 1000
 
 
+def read_replay(path: str) -> list[bytes]:
+    """Serialized responses, each behind its length as 4 bytes big-endian (`write_replay`)."""
+    data = Path(path).read_bytes() if path else b""
+    out, at = [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        out.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def write_replay(path: Path, responses: list[bytes]) -> None:
+    """Writes what `read_replay` reads."""
+    path.write_bytes(b"".join(len(r).to_bytes(4, "big") + r for r in responses))
+
+
 # -- requests -----------------------------------------------------------------------------
 
 NAMES = [

@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc
-from benchlib import stamp_now
+from benchlib import read_replay, stamp_now
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.messages.ai import UsageMetadata
@@ -163,8 +163,13 @@ class NativeFloodProvider:
         )
 
 
-def raw_handler() -> grpc.GenericRpcHandler:
-    """`/bench.Raw/Stream`: the request is N as ASCII; N messages of one token each."""
+def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
+    """`/bench.Raw/Stream`: the request is N as ASCII; N messages of one token each.
+
+    `/bench.Raw/Turn`: B1's gRPC floor. It parses a StartRunRequest like the product's
+    edge and answers `replay` (a real turn's responses, recorded and pre-serialized):
+    what a Python gRPC server and client cost for a turn with nothing in between.
+    """
 
     async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         for _ in range(int(request.decode())):
@@ -192,12 +197,19 @@ def raw_handler() -> grpc.GenericRpcHandler:
                 pass
         return f"{tokens / (time.perf_counter() - t0):.1f}".encode()
 
+    async def turn(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        for response in replay or ():
+            yield response
+
     handler = grpc.unary_stream_rpc_method_handler(
         stream, response_serializer=pb.StartRunResponse.SerializeToString
     )
     alone = grpc.unary_unary_rpc_method_handler(model_alone)
+    replayed = grpc.unary_stream_rpc_method_handler(
+        turn, request_deserializer=pb.StartRunRequest.FromString
+    )
     return grpc.method_handlers_generic_handler(
-        "bench.Raw", {"Stream": handler, "ModelAlone": alone}
+        "bench.Raw", {"Stream": handler, "ModelAlone": alone, "Turn": replayed}
     )
 
 
@@ -214,7 +226,8 @@ async def main(argv: list[str]) -> None:
     }
     async with running_server(settings, extra_providers=providers) as running:
         raw = grpc.aio.server()
-        raw.add_generic_rpc_handlers((raw_handler(),))
+        replay = read_replay(os.environ.get("BENCH_TURN_REPLAY", ""))
+        raw.add_generic_rpc_handlers((raw_handler(replay),))
         raw_port = raw.add_insecure_port("127.0.0.1:0")
         await raw.start()
         profile_path = os.environ.get("BENCH_PROFILE")

@@ -46,6 +46,7 @@ from benchlib import (
     summary,
     turn_request,
     with_run_id,
+    write_replay,
 )
 
 log = logging.getLogger("bench")
@@ -513,7 +514,9 @@ async def b1_components(cfg: Config, work: Path) -> dict[str, Any]:
 
 async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
     """B1: a 4-member count-off, zero-latency offline model: floor, durable, end to end."""
+    import grpc
     from roundtable.settings import Settings
+    from roundtable.v1 import orchestrator_service_pb2 as pb
 
     durability = Settings().checkpoint_durability
     template = turn_request(COUNT_OFF, run_id="template")
@@ -524,7 +527,7 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
         "ii_durable_sync_full": dict(synchronous="FULL"),
         "ii_durable_async": dict(durability="async"),
     }
-    served = ["iii_grpc", "iii_grpc_async", "iii_grpc_postgres", "iii_grpc_go"]
+    served = ["iii_grpc", "iii_grpc_async", "iii_grpc_postgres", "iii_grpc_go", "grpc_floor"]
     turns_done = {name: 0 for name in [*specs, *served]}
     go_left_out = ""
     peer_left_out = ""
@@ -544,6 +547,24 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
 
         server = await serve("b1-serve")
         server_async = await serve("b1-serve-async", "--checkpoint-durability", "async")
+        # The gRPC floor: a real turn's responses, recorded here, replayed by a bare
+        # grpc.aio handler (bench/flood_server.py /bench.Raw/Turn) to the same client.
+        async with server.channel() as channel:
+            recorded = await grpc_turn(
+                server.stub(channel), with_run_id(template, new_id("b1-record"))
+            )
+        write_replay(
+            work / "b1-turn.replay",
+            [pb.StartRunResponse(event=e).SerializeToString() for e in recorded],
+        )
+        floor_server = Server(
+            work / "b1-floor.db",
+            work / "b1-floor.log",
+            script=BENCH / "flood_server.py",
+            env={"BENCH_TURN_REPLAY": str(work / "b1-turn.replay")},
+        )
+        stack.push_async_callback(floor_server.stop)
+        await floor_server.start()
         if postgres_dsn:
             server_pg = await serve("b1-pg", store=postgres_dsn)
         inproc = {
@@ -571,7 +592,29 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
 
             return turn
 
+        async def floor_variant() -> Callable[[], Awaitable[Any]]:
+            channel = await stack.enter_async_context(
+                grpc.aio.insecure_channel(f"127.0.0.1:{floor_server.raw_port}")
+            )
+            call = channel.unary_stream(
+                "/bench.Raw/Turn",
+                request_serializer=pb.StartRunRequest.SerializeToString,
+                response_deserializer=pb.StartRunResponse.FromString,
+            )
+
+            async def turn() -> None:
+                turns_done["grpc_floor"] += 1
+                cpu0, client0 = floor_server.cpu_seconds(), time.process_time()
+                events = await drain_stream(call(with_run_id(template, new_id("b1-floor"))))
+                cpu_used["grpc_floor"] += floor_server.cpu_seconds() - cpu0
+                client_cpu["grpc_floor"] += time.process_time() - client0
+                if len(events) != len(recorded):
+                    raise RuntimeError(f"gRPC floor: {len(events)} of {len(recorded)} messages")
+
+            return turn
+
         variants = {name: inproc_turn(name) for name in inproc}
+        variants["grpc_floor"] = await floor_variant()
         variants["iii_grpc"] = await grpc_variant("iii_grpc", server)
         variants["iii_grpc_async"] = await grpc_variant("iii_grpc_async", server_async)
         if server_pg is not None:
@@ -660,6 +703,10 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
             "process; iii_grpc_async: the same with --checkpoint-durability async; "
             "iii_grpc_postgres: the same with --store BENCH_POSTGRES_DSN (the store of "
             "several replicas; left out without one); "
+            "grpc_floor: a bare grpc.aio handler (bench/flood_server.py /bench.Raw/Turn, "
+            "its own process) that parses the same StartRunRequest and answers the responses "
+            "of a count-off recorded from iii_grpc, pre-serialized, to the same Python client: "
+            "what gRPC alone costs a turn; "
             "iii_grpc_go: the iii_grpc server driven by a Go gRPC client (bench/goclient, "
             "the language of the product's gateway; left out where `go` is missing); "
             "peer_autogen: B7's AutoGen turn (bench/peer_autogen.py --serve, in its own "
