@@ -137,7 +137,7 @@ async def running_server(
     harness = Harness(
         providers,
         policy=harness_policy(settings),
-        tracer=telemetry.tracer("roundtable.harness"),
+        tracer=telemetry.active_tracer("roundtable.harness"),
         metrics=metrics,
     )
     checkpoints = BoundarySaver(store.checkpointer)
@@ -147,7 +147,7 @@ async def running_server(
         harness=harness,
         checkpoints=checkpoints,
         durability=settings.checkpoint_durability,
-        tracer=telemetry.tracer("roundtable.graph"),
+        tracer=telemetry.active_tracer("roundtable.graph"),
         metrics=metrics,
         owner=settings.replica_id,
         lease_s=settings.lease_seconds,

@@ -41,6 +41,8 @@ def traced(name: str, node: Callable[..., Awaitable[Any]]) -> Any:
 
     async def run(state: ConversationState, runtime: Runtime[GraphContext]) -> Any:
         ctx = runtime.context
+        if ctx.tracer is None:
+            return await (node(state, runtime) if wants_runtime else node(state))
         attributes = run_correlation(ctx.request.context, name)
         with ctx.tracer.start_as_current_span(name, attributes=attributes):
             if wants_runtime:

@@ -126,5 +126,6 @@ class GraphContext:
     prior: Prior = Prior()
     continuation: Continuation | None = None
     settings: GraphSettings = GraphSettings()
-    tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracerProvider().get_tracer(""))
+    tracer: trace.Tracer | None = None
+    """Spans for nodes and speakers; None when nothing is traced (no span is even made)."""
     metrics: Metrics = field(default_factory=no_metrics)

@@ -61,20 +61,23 @@ async def speak(
 
     The turn is one GenAI agent span (`invoke_agent <name>`); its model calls nest inside.
     """
-    member = ctx.request.snapshot.member(step.member_id)
-    attributes: dict[str, AttributeValue] = {
-        **run_correlation(ctx.request.context, caller_node),
-        "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.agent.id": member.member_id,
-        "gen_ai.agent.name": member.display_name,
-        "roundtable.step": step.index,
-        "roundtable.reply_id": step.reply_id,
-    }
     started = time.perf_counter()
-    with ctx.tracer.start_as_current_span(
-        f"invoke_agent {member.display_name}", attributes=attributes
-    ):
+    if ctx.tracer is None:
         outcome = await _speak(ctx, step, replies, caller_node)
+    else:
+        member = ctx.request.snapshot.member(step.member_id)
+        attributes: dict[str, AttributeValue] = {
+            **run_correlation(ctx.request.context, caller_node),
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.id": member.member_id,
+            "gen_ai.agent.name": member.display_name,
+            "roundtable.step": step.index,
+            "roundtable.reply_id": step.reply_id,
+        }
+        with ctx.tracer.start_as_current_span(
+            f"invoke_agent {member.display_name}", attributes=attributes
+        ):
+            outcome = await _speak(ctx, step, replies, caller_node)
     ctx.metrics.speaker_duration.record(
         time.perf_counter() - started,
         {"roundtable.outcome": "failed" if outcome.reply["failed"] else "final"},

@@ -67,9 +67,7 @@ class Harness:
         )
         handler: Handler = ProviderCall(providers)
         handler = TimeoutLayer(handler, self.policy.timeout)
-        handler = TelemetryLayer(
-            handler, tracer or trace.NoOpTracerProvider().get_tracer(__name__), self.metrics
-        )
+        handler = TelemetryLayer(handler, tracer, self.metrics)
         handler = AuditLayer(handler, self.auditor)
         handler = RetryLayer(handler, self.policy.retry)
         handler = BreakerLayer(handler, self.breakers, self.auditor)

@@ -20,14 +20,39 @@ from roundtable.telemetry.metrics import Metrics
 
 
 class TelemetryLayer:
-    """Wraps one attempt in a `chat <model>` span and records its latency."""
+    """Wraps one attempt in a `chat <model>` span (when traced) and records its latency."""
 
-    def __init__(self, next_handler: Handler, tracer: trace.Tracer, metrics: Metrics) -> None:
+    def __init__(
+        self, next_handler: Handler, tracer: trace.Tracer | None, metrics: Metrics
+    ) -> None:
         self.next = next_handler
         self.tracer = tracer
+        """None: nothing is traced, and no span is made."""
         self.metrics = metrics
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
+        started = time.perf_counter()
+        status = "success"
+        try:
+            if self.tracer is None:
+                return await self.next(request)
+            return await self._traced(self.tracer, request)
+        except ModelError:
+            status = "error"
+            raise
+        finally:
+            target = request.resolved_target
+            self.metrics.model_duration.record(
+                time.perf_counter() - started,
+                {
+                    "gen_ai.provider.name": target.provider,
+                    "gen_ai.request.model": target.model,
+                    "roundtable.target": target.name,
+                    "roundtable.status": status,
+                },
+            )
+
+    async def _traced(self, tracer: trace.Tracer, request: ModelRequest) -> ChatResult:
         target = request.resolved_target
         meta = request.meta
         attributes: dict[str, AttributeValue] = {
@@ -46,9 +71,7 @@ class TelemetryLayer:
         }
         if request.call.max_tokens:
             attributes["gen_ai.request.max_tokens"] = request.call.max_tokens
-        started = time.perf_counter()
-        status = "success"
-        with self.tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             f"chat {target.model}",
             kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -58,21 +81,10 @@ class TelemetryLayer:
             try:
                 result = await self.next(request)
             except ModelError as exc:
-                status = "error"
                 # The code, never the message: a provider's message may echo the prompt.
                 span.set_attribute("error.type", exc.code)
                 span.set_status(Status(StatusCode.ERROR, exc.code))
                 raise
-            finally:
-                self.metrics.model_duration.record(
-                    time.perf_counter() - started,
-                    {
-                        "gen_ai.provider.name": target.provider,
-                        "gen_ai.request.model": target.model,
-                        "roundtable.target": target.name,
-                        "roundtable.status": status,
-                    },
-                )
             span.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
             if result.finish_reason:

@@ -181,7 +181,8 @@ class RunManager:
         self.checkpoints = checkpoints
         self.graph_settings = graph_settings or GraphSettings()
         self.durability = durability
-        self.tracer = tracer or trace.NoOpTracerProvider().get_tracer(__name__)
+        self.tracer = tracer
+        """Spans of runs, nodes and speakers; None: nothing is traced, no span is made."""
         self.metrics = metrics or no_metrics()
         self._live: dict[tuple[str, str], LiveRun] = {}
         self._threads: dict[tuple[str, str], list[LiveRun]] = {}
@@ -459,24 +460,27 @@ class RunManager:
         A resumed run (perhaps in another process) links to the span that first ran it.
         """
         record = live.record
-        links = []
-        first = _span_context(record.trace_context) if launch.resumed else None
-        if first is not None:
-            links.append(trace.Link(first, {"roundtable.link": "first_execution"}))
-        attributes: dict[str, AttributeValue] = {
-            **run_correlation(live.request.context, "run"),
-            "roundtable.resumed": launch.resumed,
-        }
         started = time.perf_counter()
-        with self.tracer.start_as_current_span(
-            "roundtable.run", attributes=attributes, links=links
-        ):
-            try:
+        try:
+            if self.tracer is None:
                 await self._run(live, launch)
-            finally:
-                status = {"roundtable.status": record.status.value}
-                self.metrics.runs.add(1, status)
-                self.metrics.run_duration.record(time.perf_counter() - started, status)
+                return
+            links = []
+            first = _span_context(record.trace_context) if launch.resumed else None
+            if first is not None:
+                links.append(trace.Link(first, {"roundtable.link": "first_execution"}))
+            attributes: dict[str, AttributeValue] = {
+                **run_correlation(live.request.context, "run"),
+                "roundtable.resumed": launch.resumed,
+            }
+            with self.tracer.start_as_current_span(
+                "roundtable.run", attributes=attributes, links=links
+            ):
+                await self._run(live, launch)
+        finally:
+            status = {"roundtable.status": record.status.value}
+            self.metrics.runs.add(1, status)
+            self.metrics.run_duration.record(time.perf_counter() - started, status)
 
     async def _run(self, live: LiveRun, launch: Launch) -> None:
         record = live.record
