@@ -7,9 +7,17 @@ assistant_final (or speaker_failed) is in the log, whatever any checkpoint says.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 from roundtable.api.convert import plan_source_from_proto, plan_step_from_proto
+from roundtable.domain.events import (
+    AssistantFinal,
+    Event,
+    MemoryProposed,
+    PlanCreated,
+    SpeakerFailed,
+)
 from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.v1 import events_pb2 as epb
 
@@ -26,21 +34,38 @@ class Progress:
     verdicts: dict[int, tuple[PlanSource, bool]] = field(default_factory=dict)
     """round -> (who planned it, whether the discussion was finished after it)."""
 
+    def observe_emitted(self, event: Event) -> None:
+        """Updates the progress with a durable event this process emits (`observe` reads
+        logged ones): the plan's steps and the replies are the emitted objects, shared with
+        the graph, rather than copies decoded from protobuf."""
+        if isinstance(event, PlanCreated):
+            self._plan(event.round, event.source, event.converged, event.steps)
+        elif isinstance(event, AssistantFinal):
+            self.finished[event.reply_id] = event.content
+        elif isinstance(event, SpeakerFailed):
+            self.finished.setdefault(event.reply_id, None)
+        elif isinstance(event, MemoryProposed):
+            self.memory_proposed = True
+
+    def _plan(
+        self, round_: int, source: PlanSource, converged: bool, steps: Iterable[PlanStep]
+    ) -> None:
+        self.rounds = max(self.rounds, round_)
+        # Only the supervisor asks for more rounds; any other plan is final.
+        self.verdicts[round_] = (source, converged if source is PlanSource.SUPERVISOR else True)
+        known = {s.reply_id for s in self.steps}
+        self.steps.extend(s for s in steps if s.reply_id not in known)
+
     def observe(self, event: epb.RunEvent) -> None:
         """Updates the progress with one durable event."""
         kind = event.WhichOneof("payload")
         if kind == "plan_created":
             plan = event.plan_created
-            self.rounds = max(self.rounds, plan.round)
-            source = plan_source_from_proto(plan.source)
-            # Only the supervisor asks for more rounds; any other plan is final.
-            self.verdicts[plan.round] = (
-                source,
-                plan.converged if source is PlanSource.SUPERVISOR else True,
-            )
-            known = {s.reply_id for s in self.steps}
-            self.steps.extend(
-                plan_step_from_proto(s) for s in event.plan_created.steps if s.reply_id not in known
+            self._plan(
+                plan.round,
+                plan_source_from_proto(plan.source),
+                plan.converged,
+                (plan_step_from_proto(s) for s in plan.steps),
             )
         elif kind == "assistant_final":
             self.finished[event.assistant_final.reply_id] = event.assistant_final.content

@@ -50,7 +50,7 @@ class RunSink:
         await self.store.append_event(record.tenant, record.run_id, StoredEvent(seq, kind, body))
         self.seq = seq
         record.last_seq = seq
-        self.live.progress.observe(proto)
+        self.live.progress.observe_emitted(event)
         self.live.publish(proto, durable=True)
 
     def delta(self, reply_id: str, text: str, attempt: int) -> None:
