@@ -120,6 +120,7 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     for variant, label in (
+        ("grpc_floor", "B1 gRPC floor (bare grpc.aio handler, same client and messages) ÷ floor"),
         ("iii_grpc_go", "B1 end to end, Go gRPC client (bench/goclient) ÷ floor"),
         ("ii_durable", "B1 in-process durable ÷ floor (ii ÷ i)"),
         ("ii_durable_sync_full", "B1 durable with synchronous=FULL (LangGraph default) ÷ floor"),
@@ -330,6 +331,24 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
                 "x",
             )
         )
+    grpc_floor = fig(suite, "B1", "grpc_floor")
+    if paired and autogen and e2e and grpc_floor:
+        # What is Roundtable's own in the served turn: the same client and messages from a
+        # bare grpc.aio handler cost `grpc_floor`, repetition by repetition.
+        a, f, p = (x.get("samples") or [] for x in (e2e, grpc_floor, autogen))
+        if a and len(a) == len(f) == len(p):
+            own = [(x - y) / z for x, y, z in zip(a, f, p, strict=True) if z]
+            goals.append(
+                goal(
+                    "B7 Roundtable's own part of the served turn (iii_grpc − gRPC floor) ÷ AutoGen",
+                    "report",
+                    {"median": statistics.median(own), "min": min(own), "max": max(own)},
+                    None,
+                    f"gRPC floor {fmt(grpc_floor['median'])} ms: a bare grpc.aio handler "
+                    "replaying the turn's responses to the same Python client",
+                    "x",
+                )
+            )
     alone = (peer.get("figures") or {}).get("autogen_turn_ms")
     if paired and alone and e2e:
         goals.append(
