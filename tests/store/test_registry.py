@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.base import CancelMark, RunRecord, RunStatus, StoredEvent
 from roundtable.store.postgres import PostgresRunStore
 from roundtable.store.sqlite import SqliteRunStore
 from support.stores import drop_schema, new_schema, postgres_dsn
@@ -174,3 +174,19 @@ async def test_a_postgres_table_from_before_continued_by_gets_the_column() -> No
             await store.close()
     finally:
         drop_schema(dsn, url)
+
+
+async def test_a_shared_store_answers_the_cancel_recorded_on_the_run_with_each_append(
+    server,
+) -> None:
+    store = server.store
+    assert await store.create_run(record("r", RunStatus.RUNNING, lease_until=time.time() + 30))
+    assert await store.append_event("acme", "r", StoredEvent(1, "run_started", b"a")) is None
+    await store.request_cancel("acme", "r", "graceful", "stop_directive")
+    mark = await store.append_event("acme", "r", StoredEvent(2, "speaker_started", b"b"))
+    if store.shared:
+        # Read in the append's round trip: the owner needs no query at its next boundary.
+        assert mark == CancelMark("graceful", "stop_directive")
+    else:
+        assert mark is None, "a SQLite file has one process: cancels never go through the row"
+    assert [e.seq for e in await store.read_events("acme", "r", 0)] == [1, 2]

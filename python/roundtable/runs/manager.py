@@ -55,7 +55,7 @@ from roundtable.harness.chain import Harness
 from roundtable.runs.live import LiveRun, Subscription
 from roundtable.runs.progress import Progress
 from roundtable.runs.sink import RunSink
-from roundtable.store.base import RESUMABLE, RunRecord, RunStatus, RunStore
+from roundtable.store.base import RESUMABLE, CancelMark, RunRecord, RunStatus, RunStore
 from roundtable.telemetry.attributes import run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
 from roundtable.v1 import events_pb2 as epb
@@ -496,7 +496,7 @@ class RunManager:
             else None
         )
         if self.store.shared:
-            live.stop.poller = lambda: self._remote_cancel(record)
+            live.stop.poller = lambda: self._remote_cancel(record, sink=sink)
         try:
             if launch.wait_for is not None:
                 await launch.wait_for()
@@ -649,14 +649,24 @@ class RunManager:
                     live.graph_task.cancel()
                 return
 
-    async def _remote_cancel(self, record: RunRecord, *, immediate_only: bool = False) -> str:
-        """The reason of a cancel another replica recorded for this run, or ""."""
-        current = await self.store.get_run(record.tenant, record.run_id)
-        if current is None or not current.cancel_mode:
+    async def _remote_cancel(
+        self, record: RunRecord, *, immediate_only: bool = False, sink: RunSink | None = None
+    ) -> str:
+        """The reason of a cancel another replica recorded for this run, or "".
+
+        With the run's sink: when it appended a durable event since it was last asked (a
+        speaker boundary always follows the previous speaker's final), the row as that
+        append saw it, read in the append's own round trip; else the row read now.
+        """
+        mark: CancelMark | None = None
+        fresh, mark = sink.take_cancel_mark() if sink is not None else (False, None)
+        if not fresh:
+            current = await self.store.get_run(record.tenant, record.run_id)
+            if current is not None and current.cancel_mode:
+                mark = CancelMark(current.cancel_mode, current.cancel_reason)
+        if mark is None or (immediate_only and mark.mode != "immediate"):
             return ""
-        if immediate_only and current.cancel_mode != "immediate":
-            return ""
-        return current.cancel_reason or "cancel_requested"
+        return mark.reason or "cancel_requested"
 
     def _follow(
         self,

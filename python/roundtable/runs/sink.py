@@ -17,7 +17,7 @@ import time
 from roundtable.api.convert import event_to_proto
 from roundtable.domain.events import AssistantDelta, AssistantFinal, Event, SpeakerFailed
 from roundtable.runs.live import LiveRun
-from roundtable.store.base import RunStore, StoredEvent
+from roundtable.store.base import CancelMark, RunStore, StoredEvent
 
 
 class RunSink:
@@ -35,6 +35,15 @@ class RunSink:
         self._reply = ""
         self._attempt = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._mark: CancelMark | None = None
+        self._mark_fresh = False
+
+    def take_cancel_mark(self) -> tuple[bool, CancelMark | None]:
+        """Whether a durable event was appended since the last call, and the cancel the
+        store saw on the run's row as of that append (a shared store reads it in the
+        append's round trip; see `RunStore.append_event`)."""
+        fresh, self._mark_fresh = self._mark_fresh, False
+        return fresh, self._mark
 
     async def emit(self, event: Event) -> None:
         """Numbers the event, commits it to the log, then hands it to the streams."""
@@ -47,7 +56,10 @@ class RunSink:
         body = proto.SerializeToString()
         kind = proto.WhichOneof("payload") or ""
         record = self.live.record
-        await self.store.append_event(record.tenant, record.run_id, StoredEvent(seq, kind, body))
+        self._mark = await self.store.append_event(
+            record.tenant, record.run_id, StoredEvent(seq, kind, body)
+        )
+        self._mark_fresh = True
         self.seq = seq
         record.last_seq = seq
         self.live.progress.observe_emitted(event)

@@ -79,6 +79,15 @@ class RunRecord:
         return bool(self.owner) and self.owner != owner and self.lease_until > now
 
 
+@dataclass(frozen=True, slots=True)
+class CancelMark:
+    """A cancel recorded on a run's row, for the replica that owns the run to honour."""
+
+    mode: str
+    """"graceful" or "immediate"."""
+    reason: str
+
+
 RUN_COLUMNS = (
     "tenant",
     "run_id",
@@ -146,8 +155,14 @@ class RunStore(Protocol):
         """Writes the run's status, plan, finished replies and last seq."""
         ...
 
-    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
-        """Commits one event to the log (write ahead: before anyone hears of it)."""
+    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> CancelMark | None:
+        """Commits one event to the log (write ahead: before anyone hears of it).
+
+        A shared store also answers, from the same round trip, the cancel recorded on the
+        run's row as of the append (None when there is none): the replica that owns the run
+        learns of it at its next speaker boundary without a read of its own. A store no
+        other process writes to answers None.
+        """
         ...
 
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:

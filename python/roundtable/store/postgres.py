@@ -18,7 +18,14 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from roundtable.domain.errors import ThreadBusy
-from roundtable.store.base import RUN_COLUMNS, RunRecord, StoredEvent, run_from_row, run_row
+from roundtable.store.base import (
+    RUN_COLUMNS,
+    CancelMark,
+    RunRecord,
+    StoredEvent,
+    run_from_row,
+    run_row,
+)
 from roundtable.store.statements import (
     Statements,
     acquire_params,
@@ -128,8 +135,12 @@ class PostgresRunStore:
         record.updated_at = time.time()
         await self._execute(_SQL.update_run, update_params(record))
 
-    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
-        await self._execute(_SQL.append_event, (tenant, run_id, event.seq, event.kind, event.body))
+    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> CancelMark | None:
+        params = (tenant, run_id, event.seq, event.kind, event.body, tenant, run_id)
+        rows = await self._fetch(_SQL.append_event_read_cancel, params)
+        if not rows or not rows[0]["cancel_mode"]:
+            return None
+        return CancelMark(rows[0]["cancel_mode"], rows[0]["cancel_reason"])
 
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
         rows = await self._fetch(_SQL.read_events, (tenant, run_id, after_seq))

@@ -33,7 +33,7 @@ from pathlib import Path
 import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from roundtable.store.base import RunRecord, StoredEvent, run_from_row, run_row
+from roundtable.store.base import CancelMark, RunRecord, StoredEvent, run_from_row, run_row
 from roundtable.store.statements import (
     Statements,
     acquire_params,
@@ -222,9 +222,10 @@ class SqliteRunStore:
         await self._before_write()
         self.conn.execute(_SQL.update_run, update_params(record))
 
-    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> None:
+    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> CancelMark | None:
         await self._before_write()
         self.conn.execute(_SQL.append_event, (tenant, run_id, event.seq, event.kind, event.body))
+        return None  # the file is this process's: its cancels never go through the row
 
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
         rows = self.conn.execute(_SQL.read_events, (tenant, run_id, after_seq)).fetchall()

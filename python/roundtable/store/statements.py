@@ -24,6 +24,7 @@ class Statements:
     get_run: str
     update_run: str
     append_event: str
+    append_event_read_cancel: str
     read_events: str
     resumable_runs: str
     live_thread_runs: str
@@ -50,6 +51,12 @@ class Statements:
             append_event=(
                 "INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
                 f"VALUES ({p},{p},{p},{p},{p})"
+            ),
+            append_event_read_cancel=(
+                # One round trip: the append, and the run's cancel marks as of it.
+                "WITH appended AS (INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
+                f"VALUES ({p},{p},{p},{p},{p})) "
+                f"SELECT cancel_mode, cancel_reason FROM rt_runs WHERE tenant={p} AND run_id={p}"
             ),
             read_events=(
                 f"SELECT seq, kind, body FROM rt_events WHERE tenant={p} AND run_id={p} "
