@@ -3,38 +3,73 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 from roundtable.store.base import StoredEvent
 from roundtable.store.sqlite import SqliteRunStore
+
+BODY = b"x" * 400
 
 
 def size(path: Path) -> int:
     return path.stat().st_size
 
 
+async def write(store: SqliteRunStore, first: int, n: int) -> None:
+    for seq in range(first, first + n):
+        await store.append_event("acme", "run-1", StoredEvent(seq, "assistant_final", BODY))
+        if seq % 10 == 0:
+            await asyncio.sleep(0)  # a served turn yields between its writes too
+
+
 async def test_the_log_is_copied_back_and_restarts_under_continuous_writes(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "roundtable.db"
+    wal = db.with_name(db.name + "-wal")
     store = await SqliteRunStore.open(db, checkpoint_every=100)
-    body = b"x" * 400
     try:
-        for seq in range(1, 3001):
-            await store.append_event("acme", "run-1", StoredEvent(seq, "assistant_final", body))
-            if seq % 10 == 0:
-                await asyncio.sleep(0)  # a served turn yields between its writes too
-        # Each autocommitted event is at least one 4 KiB page in the log: ≈12 MB unbounded.
-        assert size(db.with_name(db.name + "-wal")) < 2 * 1024 * 1024
+        await write(store, 1, 3000)
+        after_3000 = size(wal)
+        await write(store, 3001, 3000)
+        # Each autocommitted event is at least one 4 KiB page: ≈12 MB per 3,000 unbounded.
+        assert size(wal) < 8 * 1024 * 1024
+        assert size(wal) <= after_3000 * 1.5, "the log restarts instead of growing"
         assert store.wal_checkpoints >= 10
-        assert size(db) > 1024 * 1024, "the events reached the database file"
+        assert size(db) > 2 * 1024 * 1024, "the events reached the database file"
         events = await store.read_events("acme", "run-1", 0)
-        assert [e.seq for e in events] == list(range(1, 3001))
+        assert [e.seq for e in events] == list(range(1, 6001))
     finally:
         await store.close()
-    # Reopened, the file holds every event.
-    store = await SqliteRunStore.open(db)
+    store = await SqliteRunStore.open(db)  # reopened, the file holds every event
     try:
-        assert len(await store.read_events("acme", "run-1", 0)) == 3000
+        assert len(await store.read_events("acme", "run-1", 0)) == 6000
     finally:
+        await store.close()
+
+
+async def test_a_reader_holding_a_snapshot_keeps_the_log_until_it_lets_go(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "roundtable.db"
+    wal = db.with_name(db.name + "-wal")
+    store = await SqliteRunStore.open(db, checkpoint_every=100)
+    reader = sqlite3.connect(db, isolation_level=None)
+    try:
+        await write(store, 1, 100)
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM rt_events").fetchall()  # holds its snapshot
+        held = store.wal_checkpoints
+        await write(store, 101, 1500)
+        assert store.wal_checkpoints == held, "no whole copy past the reader's snapshot"
+        assert size(wal) > 1500 * 4096
+        reader.execute("COMMIT")
+        await write(store, 1601, 1500)
+        grown = size(wal)
+        await write(store, 3101, 1500)
+        assert store.wal_checkpoints > held
+        assert size(wal) == grown, "once let go, the log restarts within its file"
+    finally:
+        reader.close()
         await store.close()

@@ -166,3 +166,18 @@ def test_traces_say_whether_spans_go_anywhere() -> None:
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_TRACES_EXPORTER": "none"}
     ).traces
     assert telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}).traces
+
+
+async def test_an_untraced_replica_still_records_the_callers_span_for_resume_links(
+    server, stub
+) -> None:
+    # No exporter here, so no interceptor and no spans; a replica that exports spans and
+    # resumes this run links to the gateway's span through the record.
+    request = start_request("大家报数！", run_id="untraced-1")
+    events = await collect(stub.StartRun(request, metadata=traceparent()))
+    assert events[-1].WhichOneof("payload") == "run_completed"
+    record = await server.store.get_run("tenant-1", "untraced-1")
+    assert record is not None and record.trace_context == f"{CLIENT_TRACE}-{CLIENT_SPAN}"
+    await collect(stub.StartRun(start_request("大家报数！", run_id="untraced-2")))
+    record = await server.store.get_run("tenant-1", "untraced-2")
+    assert record is not None and record.trace_context == ""

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Collection
 from typing import NoReturn
 
 import grpc
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 
 from roundtable.api import convert
 from roundtable.api.auth import Authenticator
@@ -62,6 +63,24 @@ def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
         updated_at=convert.timestamp(record.updated_at),
         continued_by_run_id=record.continued_by,
     )
+
+
+_TRACE_KEYS = frozenset({"traceparent", "tracestate", "baggage"})
+
+
+def _caller_trace(context: grpc.aio.ServicerContext) -> otel_context.Context | None:
+    """The gateway's W3C trace context, where no tracing interceptor took it in already.
+
+    `serve` leaves the OpenTelemetry interceptor out when no spans are exported; the run's
+    record still keeps the caller's span (`RunRecord.trace_context`), so a replica that
+    does export spans links a resumed run to it.
+    """
+    if trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier = {k: v for k, v in context.invocation_metadata() or () if k in _TRACE_KEYS}
+    if "traceparent" not in carrier:
+        return None
+    return propagate.extract(carrier)
 
 
 class OrchestratorServicer:
@@ -117,13 +136,19 @@ class OrchestratorServicer:
             # before they are released below (a later takeover of a followed run recorded by
             # an older version then answers ALREADY_EXISTS; the run stays reachable by
             # StreamRun).
-            subscription = await self.manager.start(
-                run_request,
-                credentials,
-                legacy_fingerprint=lambda: convert.legacy_fingerprint(
-                    thread_id, received.snapshot_bytes()
-                ),
-            )
+            caller = _caller_trace(context)
+            token = otel_context.attach(caller) if caller is not None else None
+            try:
+                subscription = await self.manager.start(
+                    run_request,
+                    credentials,
+                    legacy_fingerprint=lambda: convert.legacy_fingerprint(
+                        thread_id, received.snapshot_bytes()
+                    ),
+                )
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
         except RoundtableError as exc:
             await _abort(context, exc)
         finally:

@@ -656,7 +656,9 @@ class RunManager:
 
         With the run's sink: when it appended a durable event since it was last asked (a
         speaker boundary always follows the previous speaker's final), the row as that
-        append saw it, read in the append's own round trip; else the row read now.
+        append saw it, read in the append's own round trip; else the row read now. A cancel
+        committed in the moment between that append and the boundary (one `sleep(0)`) is
+        honoured at the boundary after, one speaker later.
         """
         mark: CancelMark | None = None
         fresh, mark = sink.take_cancel_mark() if sink is not None else (False, None)

@@ -92,6 +92,9 @@ beginning; `journal_size_limit` (16 MiB) truncates a file that once grew larger.
 
 CHECKPOINT_EVERY = 256
 """Writes between two WAL checkpoints: ≈20 served turns, ≈2-3 MB of log."""
+_GATED_PASS_MAX_WRITES = 32
+"""Writes made during an ungated pass beyond which another one runs before the gated one."""
+_UNGATED_PASSES = 3
 
 
 def sqlite_path(url: str) -> Path:
@@ -165,26 +168,37 @@ class SqliteRunStore:
         """Copies the WAL back into the file, so that the next write restarts the log.
 
         The log restarts (instead of growing) only at a write that finds it wholly copied
-        back. A first pass copies the bulk while writes go on; a second copies what they
-        added meanwhile, a few pages, while writes wait for it (`_before_write`: they
-        await, the loop runs on).
+        back. A first pass copies the bulk while writes go on (and, when many came in
+        meanwhile, up to two more, each shorter). A last pass copies the rest while the
+        store's writes wait for it (`_before_write`: they await, the loop runs on; ≈1-3 ms,
+        a few pages and one fsync of the file, every `checkpoint_every` writes). A reader
+        holding an old snapshot (the saver's connection mid-read) blocks a full copy: the
+        log then waits for the next checkpoint.
         """
         try:
-            await asyncio.to_thread(self._passive_checkpoint)
+            for _ in range(_UNGATED_PASSES):
+                self._writes = 0
+                frames, _copied = await asyncio.to_thread(self._passive_checkpoint)
+                if frames == 0:
+                    return  # the log is empty: it restarted already
+                if self._writes <= _GATED_PASS_MAX_WRITES:
+                    break  # little to copy under the gate; else another pass, shorter
             self._wal_gate = asyncio.Event()
             try:
-                await asyncio.to_thread(self._passive_checkpoint)
+                frames, copied = await asyncio.to_thread(self._passive_checkpoint)
             finally:
                 self._wal_gate.set()
                 self._wal_gate = None
-            self.wal_checkpoints += 1
-        except sqlite3.Error:
+            if copied == frames:
+                self.wal_checkpoints += 1
+        except Exception:
             # A failed checkpoint leaves the log as it was; the next one retries.
             log.warning("SQLite WAL checkpoint failed", exc_info=True)
         finally:
             self._wal_task = None
 
-    def _passive_checkpoint(self) -> None:
+    def _passive_checkpoint(self) -> tuple[int, int]:
+        """(frames in the log, frames copied back), or (1, 0) when another checkpoint ran."""
         # A connection of its own, used by one worker thread at a time (one checkpoint at a
         # time): the loop's connection never waits for the disk.
         if self._wal_conn is None:
@@ -192,8 +206,12 @@ class SqliteRunStore:
             self._wal_conn = sqlite3.connect(
                 os.fspath(self._path), isolation_level=None, check_same_thread=False
             )
-            self._wal_conn.execute("PRAGMA journal_size_limit=16777216")
-        self._wal_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            for pragma in _PRAGMAS:
+                self._wal_conn.execute(pragma)
+        busy, frames, copied = self._wal_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()[
+            0
+        ]
+        return (1, 0) if busy else (frames, copied)
 
     @classmethod
     async def open(cls, path: Path, *, checkpoint_every: int = CHECKPOINT_EVERY) -> SqliteRunStore:
@@ -253,6 +271,7 @@ class SqliteRunStore:
         yield
 
     async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
+        await self._before_write()
         now = time.time()
         params = (by_run_id, now, tenant, run_id, now)
         return self.conn.execute(_SQL.claim_continuation, params).rowcount == 1
@@ -262,6 +281,7 @@ class SqliteRunStore:
         return run_from_row(row) if row else None
 
     async def mark_interrupted(self) -> int:
+        await self._before_write()
         cursor = self.conn.execute(
             # The file belongs to this process: whoever held these runs is gone.
             "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=? "
@@ -271,10 +291,12 @@ class SqliteRunStore:
         return cursor.rowcount
 
     async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        await self._before_write()
         params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
         return self.conn.execute(_SQL.acquire_lease, params).rowcount == 1
 
     async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
+        await self._before_write()
         params = (time.time() + ttl_s, tenant, run_id, owner)
         return self.conn.execute(_SQL.renew_lease, params).rowcount == 1
 
@@ -284,6 +306,7 @@ class SqliteRunStore:
         return self.conn.execute(_SQL.finish_run, finish_params(record, owner)).rowcount == 1
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
+        await self._before_write()
         self.conn.execute(_SQL.request_cancel, (mode, reason, tenant, run_id))
 
     @property
@@ -299,7 +322,8 @@ class SqliteRunStore:
         return int(row[0]) if row else 0
 
     async def close(self) -> None:
-        if self._wal_task is not None:
+        self._path = None  # no checkpoint starts from here on
+        while self._wal_task is not None:
             await asyncio.gather(self._wal_task, return_exceptions=True)
         if self._wal_conn is not None:
             self._wal_conn.close()
