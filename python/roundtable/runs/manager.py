@@ -660,7 +660,6 @@ class RunManager:
         committed in the moment between that append and the boundary (one `sleep(0)`) is
         honoured at the boundary after, one speaker later.
         """
-        mark: CancelMark | None = None
         fresh, mark = sink.take_cancel_mark() if sink is not None else (False, None)
         if not fresh:
             current = await self.store.get_run(record.tenant, record.run_id)

@@ -14,9 +14,9 @@ Two connections to the one file:
 WAL checkpoints (copying the log back into the database file, the fsync-heavy part of
 WAL) never run on the loop's thread: that connection has `wal_autocheckpoint=0`, and
 every `checkpoint_every` writes the store checkpoints on a worker thread, through a
-connection of its own (`SqliteRunStore._checkpoint_wal`). Without them the log would only grow: the saver, the
-one connection that checkpoints automatically, writes nothing for a turn that completes
-(durability "exit"), and a served turn appends ≈110 KB to the log.
+connection of its own (`SqliteRunStore._checkpoint_wal`). Without them the log would
+only grow: the saver, the one connection that checkpoints by itself, writes nothing for a
+turn that completes (durability "exit"), and a served turn appends ≈110 KB to the log.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class SqliteRunStore:
         self._wal_task: asyncio.Task[None] | None = None
         self._wal_gate: asyncio.Event | None = None
         self.wal_checkpoints = 0
-        """WAL checkpoints run so far (each PASSIVE: it copies what no reader still needs)."""
+        """Checkpoints that copied the whole log back (the next write restarts it)."""
 
     async def _before_write(self) -> None:
         """Waits out a checkpoint's final pass, counts the write, starts a checkpoint when due."""
@@ -198,7 +198,7 @@ class SqliteRunStore:
             self._wal_task = None
 
     def _passive_checkpoint(self) -> tuple[int, int]:
-        """(frames in the log, frames copied back), or (1, 0) when another checkpoint ran."""
+        """(frames in the log, frames copied back), or (1, 0) when it could not run (busy)."""
         # A connection of its own, used by one worker thread at a time (one checkpoint at a
         # time): the loop's connection never waits for the disk.
         if self._wal_conn is None:
@@ -208,9 +208,9 @@ class SqliteRunStore:
             )
             for pragma in _PRAGMAS:
                 self._wal_conn.execute(pragma)
-        busy, frames, copied = self._wal_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()[
-            0
-        ]
+        (busy, frames, copied), *_ = self._wal_conn.execute(
+            "PRAGMA wal_checkpoint(PASSIVE)"
+        ).fetchall()
         return (1, 0) if busy else (frames, copied)
 
     @classmethod
