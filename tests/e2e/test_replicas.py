@@ -204,6 +204,40 @@ async def test_a_cancel_sent_to_b_stops_a_at_its_next_speaker_boundary(
     assert kinds(followed)[-1] == "run_cancelled"
 
 
+async def test_an_immediate_cancel_sent_to_b_interrupts_a_mid_speaker(
+    shared_store: str, tmp_path: Path
+) -> None:
+    parked = spb.ModelRef(
+        target=spb.ModelTarget(
+            provider="offline", model="parked", base_url="offline:?latency_ms=60000"
+        )
+    )
+    request = start_request(
+        "@all hello",
+        members=[member("a", "Alice", model=parked), member("b", "Bob", model=parked)],
+        run_id="rep-imm",
+        thread_id="t-rep-imm",
+    )
+    async with replica_stubs(shared_store, tmp_path) as (a_stub, b_stub):
+        call = a_stub.StartRun(request)
+        events = []
+        async for response in call:
+            events.append(response.event)
+            if response.event.WhichOneof("payload") == "speaker_started":
+                break
+        answer = await b_stub.CancelRun(
+            pb.CancelRunRequest(run_id="rep-imm", tenant="tenant-1", mode=pb.CANCEL_MODE_IMMEDIATE)
+        )
+        assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+        # A's lease keeper sees it within a third of the lease, not after the 60 s call.
+        events += await asyncio.wait_for(collect(call), 15)
+        run = await a_stub.GetRun(pb.GetRunRequest(run_id="rep-imm", tenant="tenant-1"))
+    assert kinds(events)[-1] == "run_cancelled"
+    assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "cancel_requested"
+    assert not finals(events), "the interrupted speaker's reply was dropped"
+    assert run.run.status == pb.RUN_STATUS_CANCELLED
+
+
 async def test_two_replicas_never_run_one_run_at_once(shared_store: str, tmp_path: Path) -> None:
     request = six_speakers("rep-3")
     async with (

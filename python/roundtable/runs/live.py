@@ -6,7 +6,6 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from roundtable.domain.errors import RoundtableError, StreamOverflow
 from roundtable.domain.snapshot import RunRequest
@@ -164,7 +163,9 @@ class LiveRun:
     subscribers: set[Subscription] = field(default_factory=set)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
-    graph_task: asyncio.Task[Any] | None = None
+    in_graph: bool = False
+    """Whether the run task is inside the graph now: what `interrupt_graph` may cut short."""
+    graph_interrupted: bool = False
     lease_lost: bool = False
     buffer: int = 0
     """Events buffered per stream (0: unbounded)."""
@@ -202,6 +203,17 @@ class LiveRun:
         overflowed = [sub for sub in self.subscribers if not sub.offer(event, durable=durable)]
         for sub in overflowed:
             self.subscribers.discard(sub)
+
+    def interrupt_graph(self) -> None:
+        """Stops the graph mid-step (an immediate cancel, a lost lease).
+
+        The graph runs in the run's own task (no task of its own: ≈1 KB and a hand-off per
+        run), so this cancels the run task, and only while it is inside the graph; its
+        handler tells this cancel from the process's own by `graph_interrupted`.
+        """
+        if self.in_graph and not self.graph_interrupted and self.task is not None:
+            self.graph_interrupted = True
+            self.task.cancel()
 
     def finish(self) -> None:
         """Ends every stream."""

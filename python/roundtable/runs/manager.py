@@ -547,11 +547,14 @@ class RunManager:
                 checkpoint = await self.graph.aget_state(config)
                 if checkpoint.next:
                     graph_input = None
-            live.graph_task = asyncio.create_task(
-                self.graph.ainvoke(graph_input, config, context=context, durability=self.durability)
-            )
-            async with asyncio.timeout(request.snapshot.session.budgets.run_timeout_s):
-                state: dict[str, Any] = await live.graph_task
+            live.in_graph = True
+            try:
+                async with asyncio.timeout(request.snapshot.session.budgets.run_timeout_s):
+                    state: dict[str, Any] = await self.graph.ainvoke(
+                        graph_input, config, context=context, durability=self.durability
+                    )
+            finally:
+                live.in_graph = False
             await sink.emit(_completed(state, live.progress))
             status = RunStatus.SUCCEEDED
         except Drained as stop:
@@ -562,9 +565,11 @@ class RunManager:
                 RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
             )
         except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if live.graph_interrupted and current is not None:
+                current.uncancel()  # the graph's interruption, not the process's stop
             if live.lease_lost:
                 return  # nothing more may be written for a run another replica owns
-            current = asyncio.current_task()
             if current is not None and current.cancelling():
                 # The process is stopping: the run is interrupted, not cancelled by anyone.
                 status = RunStatus.INTERRUPTED
@@ -636,17 +641,16 @@ class RunManager:
                 )
                 if self.store.shared:
                     reason = await self._remote_cancel(record, immediate_only=True)
-                    if reason and live.graph_task is not None:
+                    if reason and live.in_graph:
                         live.stop.request(reason)
-                        live.graph_task.cancel()
+                        live.interrupt_graph()
             except Exception as exc:  # the store is unreachable: keep trying until expiry
                 log.warning("lease renewal of %s failed: %s", record.run_id, type(exc).__name__)
                 continue
             if not kept:
                 log.error("lease of run %s was taken over; stopping here", record.run_id)
                 live.lease_lost = True
-                if live.graph_task is not None:
-                    live.graph_task.cancel()
+                live.interrupt_graph()
                 return
 
     async def _remote_cancel(
@@ -787,8 +791,8 @@ class RunManager:
         live = self._live.get((tenant, run_id))
         if live is not None:
             live.stop.request(reason or "cancel_requested")
-            if immediate and live.graph_task is not None:
-                live.graph_task.cancel()
+            if immediate:
+                live.interrupt_graph()
             return CancelResult(True, live.record, live.progress)
         record, progress = await self.describe(tenant, run_id)
         if record.status in ACTIVE and record.leased_by_other(self.owner, time.time()):
