@@ -348,3 +348,40 @@ async def test_a_run_still_finishing_after_a_stop_turn_keeps_its_thread_busy(stu
     assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     events += await collect(live)
     assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "stop_directive"
+
+
+async def test_an_immediate_cancel_during_a_committed_append_loses_no_event(
+    server, stub, monkeypatch
+) -> None:
+    """Over the network a cancel can land after the database committed an event: the
+    event still takes its seq and reaches the stream, and the run's end comes after it."""
+    store = server.store
+    if not store.shared:
+        pytest.skip("SQLite's append never waits after it writes")
+    committed = asyncio.Event()
+    real_append = store.append_event
+
+    async def append_then_wait(tenant: str, run_id: str, event: StoredEvent):
+        mark = await real_append(tenant, run_id, event)
+        if event.kind == "plan_created":
+            committed.set()
+            await asyncio.sleep(0.5)  # the reply is on its way back when the cancel lands
+        return mark
+
+    monkeypatch.setattr(store, "append_event", append_then_wait)
+    call = stub.StartRun(slow_request(run_id="race-1", thread_id="t-race"))
+    events = asyncio.create_task(collect(call))
+    await asyncio.wait_for(committed.wait(), 10)
+    await stub.CancelRun(
+        pb.CancelRunRequest(run_id="race-1", tenant="tenant-1", mode=pb.CANCEL_MODE_IMMEDIATE)
+    )
+    streamed = await asyncio.wait_for(events, 10)
+    assert kinds(streamed) == ["run_started", "plan_created", "run_cancelled"]
+    assert [e.seq for e in streamed] == [1, 2, 3]
+    logged = await real_append.__self__.read_events("tenant-1", "race-1", 0)
+    assert [(e.seq, e.kind) for e in logged] == [
+        (1, "run_started"),
+        (2, "plan_created"),
+        (3, "run_cancelled"),
+    ]
+    assert await get_status(stub, "race-1") == pb.RUN_STATUS_CANCELLED

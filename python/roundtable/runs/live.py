@@ -165,7 +165,8 @@ class LiveRun:
     task: asyncio.Task[None] | None = None
     in_graph: bool = False
     """Whether the run task is inside the graph now: what `interrupt_graph` may cut short."""
-    graph_interrupted: bool = False
+    interrupts: int = 0
+    """Cancels `interrupt_graph` sent the run task that it has not taken back yet."""
     lease_lost: bool = False
     buffer: int = 0
     """Events buffered per stream (0: unbounded)."""
@@ -208,12 +209,24 @@ class LiveRun:
         """Stops the graph mid-step (an immediate cancel, a lost lease).
 
         The graph runs in the run's own task (no task of its own: ≈1 KB and a hand-off per
-        run), so this cancels the run task, and only while it is inside the graph; its
-        handler tells this cancel from the process's own by `graph_interrupted`.
+        run), so this cancels the run task, and only while it is inside the graph. Every
+        call cancels again (a cancel the graph absorbed must not disarm the next one, e.g.
+        a lost lease after an immediate cancel); the run task takes them all back as it
+        leaves the graph (`take_back_interrupts`).
         """
-        if self.in_graph and not self.graph_interrupted and self.task is not None:
-            self.graph_interrupted = True
+        if self.in_graph and self.task is not None:
+            self.interrupts += 1
             self.task.cancel()
+
+    def take_back_interrupts(self) -> None:
+        """Called by the run task as it leaves the graph: un-counts the cancels
+        `interrupt_graph` sent, so that the task's `cancelling()` says only whether the
+        process is stopping."""
+        task = asyncio.current_task()
+        if task is not None:
+            for _ in range(self.interrupts):
+                task.uncancel()
+        self.interrupts = 0
 
     def finish(self) -> None:
         """Ends every stream."""

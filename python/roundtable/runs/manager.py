@@ -547,6 +547,8 @@ class RunManager:
                 checkpoint = await self.graph.aget_state(config)
                 if checkpoint.next:
                     graph_input = None
+            if live.lease_lost:
+                return  # taken over by another replica before the graph started
             live.in_graph = True
             try:
                 async with asyncio.timeout(request.snapshot.session.budgets.run_timeout_s):
@@ -555,6 +557,7 @@ class RunManager:
                     )
             finally:
                 live.in_graph = False
+                live.take_back_interrupts()
             await sink.emit(_completed(state, live.progress))
             status = RunStatus.SUCCEEDED
         except Drained as stop:
@@ -565,11 +568,9 @@ class RunManager:
                 RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
             )
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if live.graph_interrupted and current is not None:
-                current.uncancel()  # the graph's interruption, not the process's stop
             if live.lease_lost:
                 return  # nothing more may be written for a run another replica owns
+            current = asyncio.current_task()
             if current is not None and current.cancelling():
                 # The process is stopping: the run is interrupted, not cancelled by anyone.
                 status = RunStatus.INTERRUPTED

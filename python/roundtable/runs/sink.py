@@ -12,12 +12,14 @@ message. A reply written within one window (a short or cached answer) streams no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from roundtable.api.convert import event_to_proto
 from roundtable.domain.events import AssistantDelta, AssistantFinal, Event, SpeakerFailed
 from roundtable.runs.live import LiveRun
 from roundtable.store.base import CancelMark, RunStore, StoredEvent
+from roundtable.v1 import events_pb2 as epb
 
 
 class RunSink:
@@ -56,12 +58,31 @@ class RunSink:
         body = proto.SerializeToString()
         kind = proto.WhichOneof("payload") or ""
         record = self.live.record
-        self._mark = await self.store.append_event(
-            record.tenant, record.run_id, StoredEvent(seq, kind, body)
-        )
-        self._mark_fresh = True
+        append = self.store.append_event(record.tenant, record.run_id, StoredEvent(seq, kind, body))
+        if not self.store.shared:
+            # SQLite's append can only wait before it writes (a WAL checkpoint's last pass):
+            # a cancel there leaves nothing written, and the event unnumbered.
+            self._accepted(seq, event, proto, await append)
+            return
+        # Over the network a cancel can land after the row was committed: the statement
+        # is let finish, and an event it committed is numbered and streamed before the
+        # cancel goes on (else the run's last event would reuse its seq).
+        task = asyncio.ensure_future(append)
+        try:
+            mark = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # not committed: nothing to number
+                self._accepted(seq, event, proto, await task)
+            raise
+        self._accepted(seq, event, proto, mark)
+
+    def _accepted(
+        self, seq: int, event: Event, proto: epb.RunEvent, mark: CancelMark | None
+    ) -> None:
+        """The event is in the log: it takes its seq, and the streams get it."""
+        self._mark, self._mark_fresh = mark, True
         self.seq = seq
-        record.last_seq = seq
+        self.live.record.last_seq = seq
         self.live.progress.observe_emitted(event)
         self.live.publish(proto, durable=True)
 
