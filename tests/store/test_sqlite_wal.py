@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from roundtable.store.base import StoredEvent
@@ -23,13 +25,21 @@ async def write(store: SqliteRunStore, first: int, n: int) -> None:
             await asyncio.sleep(0)  # a served turn yields between its writes too
 
 
+@contextlib.asynccontextmanager
+async def checkpointed_store(tmp_path: Path) -> AsyncIterator[tuple[SqliteRunStore, Path, Path]]:
+    """A store that checkpoints every 100 writes, its database file and its log."""
+    db = tmp_path / "roundtable.db"
+    store = await SqliteRunStore.open(db, checkpoint_every=100)
+    try:
+        yield store, db, db.with_name(db.name + "-wal")
+    finally:
+        await store.close()
+
+
 async def test_the_log_is_copied_back_and_restarts_under_continuous_writes(
     tmp_path: Path,
 ) -> None:
-    db = tmp_path / "roundtable.db"
-    wal = db.with_name(db.name + "-wal")
-    store = await SqliteRunStore.open(db, checkpoint_every=100)
-    try:
+    async with checkpointed_store(tmp_path) as (store, db, wal):
         await write(store, 1, 3000)
         after_3000 = size(wal)
         await write(store, 3001, 3000)
@@ -40,8 +50,6 @@ async def test_the_log_is_copied_back_and_restarts_under_continuous_writes(
         assert size(db) > 2 * 1024 * 1024, "the events reached the database file"
         events = await store.read_events("acme", "run-1", 0)
         assert [e.seq for e in events] == list(range(1, 6001))
-    finally:
-        await store.close()
     store = await SqliteRunStore.open(db)  # reopened, the file holds every event
     try:
         assert len(await store.read_events("acme", "run-1", 0)) == 6000
@@ -52,24 +60,21 @@ async def test_the_log_is_copied_back_and_restarts_under_continuous_writes(
 async def test_a_reader_holding_a_snapshot_keeps_the_log_until_it_lets_go(
     tmp_path: Path,
 ) -> None:
-    db = tmp_path / "roundtable.db"
-    wal = db.with_name(db.name + "-wal")
-    store = await SqliteRunStore.open(db, checkpoint_every=100)
-    reader = sqlite3.connect(db, isolation_level=None)
-    try:
-        await write(store, 1, 100)
-        reader.execute("BEGIN")
-        reader.execute("SELECT COUNT(*) FROM rt_events").fetchall()  # holds its snapshot
-        held = store.wal_checkpoints
-        await write(store, 101, 1500)
-        assert store.wal_checkpoints == held, "no whole copy past the reader's snapshot"
-        assert size(wal) > 1500 * 4096
-        reader.execute("COMMIT")
-        await write(store, 1601, 1500)
-        grown = size(wal)
-        await write(store, 3101, 1500)
-        assert store.wal_checkpoints > held
-        assert size(wal) == grown, "once let go, the log restarts within its file"
-    finally:
-        reader.close()
-        await store.close()
+    async with checkpointed_store(tmp_path) as (store, db, wal):
+        reader = sqlite3.connect(db, isolation_level=None)
+        try:
+            await write(store, 1, 100)
+            reader.execute("BEGIN")
+            reader.execute("SELECT COUNT(*) FROM rt_events").fetchall()  # holds its snapshot
+            held = store.wal_checkpoints
+            await write(store, 101, 1500)
+            assert store.wal_checkpoints == held, "no whole copy past the reader's snapshot"
+            assert size(wal) > 1500 * 4096
+            reader.execute("COMMIT")
+            await write(store, 1601, 1500)
+            grown = size(wal)
+            await write(store, 3101, 1500)
+            assert store.wal_checkpoints > held
+            assert size(wal) == grown, "once let go, the log restarts within its file"
+        finally:
+            reader.close()
