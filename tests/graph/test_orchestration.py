@@ -233,9 +233,12 @@ async def test_supervisor_rounds_until_converged_within_budget(start_server) -> 
     assert completed.rounds == 2 and not completed.converged
 
 
-async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server) -> None:
-    # Round 1 is stopped after its speakers; the supervisor had asked for another round.
-    # The resumed run must hold that round, without asking about round 1 again.
+@pytest.mark.parametrize("checkpoint", ["kept", "lost"])
+async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server, checkpoint) -> None:
+    # Round 1 is stopped after its speakers (at convergence, between rounds); the supervisor
+    # had asked for another round. The resumed run must hold that round, without asking
+    # about round 1 again, whether it resumes from the checkpoint the stop left or, as
+    # after a SIGKILL under the default durability, from the event log alone.
     model = ScriptedProvider(
         reply=lambda call, attempt: "a considered reply",
         token_delay_s=0.02,
@@ -271,8 +274,9 @@ async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server) 
             first.append(response.event)
             if kinds(first)[-1] == "speaker_started" and first[-1].speaker_started.step == 1:
                 await stub.CancelRun(pb.CancelRunRequest(run_id="verdict-1", tenant="tenant-1"))
-        # As after a SIGKILL under the default durability: no checkpoint, only the event log.
-        await server.store.checkpointer.adelete_thread(checkpoint_thread("tenant-1", "verdict-1"))
+        if checkpoint == "lost":
+            thread = checkpoint_thread("tenant-1", "verdict-1")
+            await server.store.checkpointer.adelete_thread(thread)
         resumed = await collect(stub.StartRun(request))
 
     assert [f.member_id for f in finals(first)] == ["b", "c"], "the round's speakers finish"

@@ -19,20 +19,21 @@ from roundtable.graph.nodes.dispatch import dispatch
 from roundtable.graph.nodes.hydrate_context import hydrate_context
 from roundtable.graph.nodes.propose_memory import propose_memory
 from roundtable.graph.nodes.supervisor import supervisor
+from roundtable.graph.routing import Route
 from roundtable.graph.state import ConversationState
 from roundtable.telemetry.attributes import run_correlation
 
 NODES = (
     "hydrate_context",
-    "route_session",
-    "classify_directive",
     "deterministic_router",
     "supervisor",
     "dispatch",
-    "convergence",
     "propose_memory",
 )
-"""Node names: also the `caller_node` of spans and audit records."""
+"""The graph's nodes: also the `caller_node` of their spans and audit records."""
+
+ROUTES = ("route_session", "classify_directive", "convergence")
+"""The graph's routing decisions (conditional edges, `graph.routing`), traced like nodes."""
 
 
 def traced(name: str, node: Callable[..., Awaitable[Any]]) -> Any:
@@ -56,44 +57,40 @@ def traced(name: str, node: Callable[..., Awaitable[Any]]) -> Any:
 def build_conversation_graph(checkpointer: Any = None) -> Any:
     """Compiles the ConversationGraph.
 
-    hydrate_context -> route_session -> (plan exists) dispatch
-                                     -> classify_directive -> deterministic_router | supervisor
-    -> dispatch (the round's speakers, one after another) -> convergence -> (another round)
-    supervisor | propose_memory -> END
+    hydrate_context -> route_session: (plan exists) dispatch
+                                      | classify_directive: deterministic_router | supervisor
+    deterministic_router | supervisor -> dispatch (the round's speakers, one after another)
+    dispatch -> convergence: (another round) supervisor | propose_memory -> END
 
-    A count-off turn is seven super-steps whatever the number of speakers. The three
-    routing nodes choose their successor with `Command(goto=...)` (declared here as
-    `destinations`, which is what `roundtable graph` draws); see route_session for why.
+    The routing points are conditional edges (`graph.routing`), decided in the super-step
+    of the node before them, so a count-off turn is four super-steps (hydrate_context,
+    deterministic_router, dispatch, propose_memory) whatever the number of speakers.
     Nodes run in the run's own task unless a LangChain callback handler listens
     (`graph.direct`).
     """
     graph = StateGraph(ConversationState, context_schema=GraphContext)
     graph.add_node("hydrate_context", traced("hydrate_context", hydrate_context))
-    graph.add_node(
-        "route_session",
-        traced("route_session", route.route_session),
-        destinations=route.DESTINATIONS,
-    )
-    graph.add_node(
-        "classify_directive",
-        traced("classify_directive", classify.classify_directive),
-        destinations=classify.DESTINATIONS,
-    )
     graph.add_node("deterministic_router", traced("deterministic_router", deterministic_router))
     graph.add_node("supervisor", traced("supervisor", supervisor))
     graph.add_node("dispatch", traced("dispatch", dispatch))
-    graph.add_node(
-        "convergence",
-        traced("convergence", converge.convergence),
-        destinations=converge.DESTINATIONS,
-    )
     graph.add_node("propose_memory", traced("propose_memory", propose_memory))
 
+    classify_directive = Route(
+        "classify_directive", classify.classify_directive, labels=classify.LABELS
+    )
+    route_session = Route(
+        "route_session",
+        route.route_session,
+        labels=route.LABELS,
+        then={"classify_directive": classify_directive},
+    )
+    convergence = Route("convergence", converge.convergence, labels=converge.LABELS)
+
     graph.add_edge(START, "hydrate_context")
-    graph.add_edge("hydrate_context", "route_session")
+    graph.add_conditional_edges("hydrate_context", route_session, route_session.path_map)
     graph.add_edge("deterministic_router", "dispatch")
     graph.add_edge("supervisor", "dispatch")
-    graph.add_edge("dispatch", "convergence")
+    graph.add_conditional_edges("dispatch", convergence, convergence.path_map)
     graph.add_edge("propose_memory", END)
     compiled = graph.compile(checkpointer=checkpointer, name="ConversationGraph")
     return run_nodes_directly(compiled)

@@ -43,7 +43,6 @@ class ConversationState(TypedDict, total=False):
     replies: list[ReplyDict]
     round: int
     converged: bool
-    another_round: bool
     input_tokens: int
     output_tokens: int
     finished: bool

@@ -1,18 +1,23 @@
-"""classify_directive: records what the user's turn asked for. Code, never a model."""
+"""classify_directive: routes a turn with no plan by what the user asked for. Code, never a model.
+
+The directive itself is classified by the runs layer (a pure function of the snapshot,
+`graph.directives`) and recorded in the state by hydrate_context.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
-
-from langgraph.runtime import Runtime
-from langgraph.types import Command
 
 from roundtable.domain.plan import DirectiveKind
 from roundtable.graph.context import GraphContext
 from roundtable.graph.state import ConversationState
 
 Destination = Literal["supervisor", "deterministic_router"]
-DESTINATIONS: tuple[Destination, ...] = ("supervisor", "deterministic_router")
+LABELS = {
+    "deterministic_router": "deterministic directive",
+    "supervisor": "open discussion",
+}
+"""Each destination as the graph's drawing labels it."""
 
 
 def next_after_classify(directive: str) -> Destination:
@@ -22,9 +27,6 @@ def next_after_classify(directive: str) -> Destination:
     return "deterministic_router"
 
 
-async def classify_directive(
-    state: ConversationState, runtime: Runtime[GraphContext]
-) -> Command[Destination]:
-    """Stores the directive the runs layer classified (a pure function of the snapshot)."""
-    directive = runtime.context.directive.kind.value
-    return Command(update={"directive": directive}, goto=next_after_classify(directive))
+async def classify_directive(state: ConversationState, ctx: GraphContext) -> Destination:
+    """The supervisor for an open discussion, the deterministic router for everything else."""
+    return next_after_classify(ctx.directive.kind.value)

@@ -1,15 +1,12 @@
 """convergence: whether an open discussion needs another supervisor round.
 
-Bounded by the session's round and speaker budgets; deterministic plans and fallbacks
-always converge.
+Decided as the edge out of dispatch. Bounded by the session's round and speaker budgets;
+deterministic plans and fallbacks always converge.
 """
 
 from __future__ import annotations
 
 from typing import Literal
-
-from langgraph.runtime import Runtime
-from langgraph.types import Command
 
 from roundtable.domain.plan import PlanSource
 from roundtable.domain.snapshot import Budgets
@@ -17,7 +14,8 @@ from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.state import ConversationState
 
 Destination = Literal["supervisor", "propose_memory"]
-DESTINATIONS: tuple[Destination, ...] = ("supervisor", "propose_memory")
+LABELS = {"supervisor": "another round", "propose_memory": "no more rounds"}
+"""Each destination as the graph's drawing labels it."""
 
 
 def another_round(state: ConversationState, budgets: Budgets) -> bool:
@@ -30,15 +28,12 @@ def another_round(state: ConversationState, budgets: Budgets) -> bool:
     )
 
 
-async def convergence(
-    state: ConversationState, runtime: Runtime[GraphContext]
-) -> Command[Destination]:
+async def convergence(state: ConversationState, ctx: GraphContext) -> Destination:
     """Decides whether another round is wanted and allowed.
 
     `converged` stays the supervisor's own verdict, so a discussion cut short by its
     budget is reported as not converged.
     """
-    ctx = runtime.context
     more = another_round(state, ctx.request.snapshot.session.budgets)
     if more:
         # Between rounds is a speaker boundary too: a stop asked for during the round ends
@@ -46,4 +41,4 @@ async def convergence(
         await ctx.stop.refresh()
         if ctx.stop.requested:
             raise Drained(ctx.stop.reason)
-    return Command(update={"another_round": more}, goto="supervisor" if more else "propose_memory")
+    return "supervisor" if more else "propose_memory"

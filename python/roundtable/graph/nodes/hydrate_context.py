@@ -1,6 +1,7 @@
 """hydrate_context: brings what is already known about the run into state.
 
-A fresh run starts empty. A resumed run starts from its durable event log: the steps
+It records the turn's directive (classified by the runs layer from the snapshot, a pure
+function). A fresh run starts with no steps. A resumed run starts from its durable event log: the steps
 already planned and the replies already final, so nothing finished is done again.
 """
 
@@ -41,6 +42,7 @@ async def hydrate_context(
         converged=converged,
         input_tokens=0,
         output_tokens=0,
+        directive=ctx.directive.kind.value,
     )
     if prior.rounds:
         state["source"] = source.value

@@ -1,24 +1,20 @@
-"""route_session: where the turn goes next.
+"""route_session: where the turn goes next, decided as the edge out of hydrate_context.
 
 The order of the checks is the point: "a plan already exists" comes before the kind of
 turn, so a resumed open discussion goes straight to dispatch instead of asking the
-supervisor for a second plan.
-
-The node routes with `Command(goto=...)` rather than a conditional edge: LangGraph traces
-a conditional edge's function as a run of its own (callback manager, metadata merge),
-which measured ≈0.4 ms per routing decision here, as much as a whole super-step.
+supervisor for a second plan. A turn with no plan yet is classify_directive's to route.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from langgraph.types import Command
-
+from roundtable.graph.context import GraphContext
 from roundtable.graph.state import ConversationState
 
 Destination = Literal["dispatch", "classify_directive"]
-DESTINATIONS: tuple[Destination, ...] = ("dispatch", "classify_directive")
+LABELS = {"dispatch": "plan exists"}
+"""The destination that ends the decision here, as the graph's drawing labels it."""
 
 
 def next_after_route(state: ConversationState) -> Destination:
@@ -28,6 +24,6 @@ def next_after_route(state: ConversationState) -> Destination:
     return "classify_directive"
 
 
-async def route_session(state: ConversationState) -> Command[Destination]:
+async def route_session(state: ConversationState, ctx: GraphContext) -> Destination:
     """A routing point only: goes where `next_after_route` says."""
-    return Command(goto=next_after_route(state))
+    return next_after_route(state)
