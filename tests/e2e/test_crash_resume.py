@@ -109,6 +109,15 @@ async def test_kill_after_speaker_3_final(tmp_path: Path, durability: str) -> No
     assert [f.step for f in finals(b_events)] == [3, 4, 5]
     assert dispatch_calls(b) == 3, "no model call for speakers 1-3 in B"
     assert status == pb.RUN_STATUS_SUCCEEDED
+    # The run's usage counts all six speakers once (A's three from their finals in the
+    # log), plus B's own calls that are no speaker's (the memory proposal).
+    usage = of_kind(b_events, "run_completed")[0].run_completed.usage
+    others = [r for r in b.audit() if r["caller_node"] != "dispatch" and r["status"] == "success"]
+    every_final = finals(a_events + b_events)
+    assert (usage.input_tokens, usage.output_tokens) == (
+        sum(f.usage.input_tokens for f in every_final) + sum(r["input_tokens"] for r in others),
+        sum(f.usage.output_tokens for f in every_final) + sum(r["output_tokens"] for r in others),
+    )
 
 
 async def test_kill_in_the_middle_of_a_reply(tmp_path: Path) -> None:

@@ -290,6 +290,17 @@ async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server, 
     completed = of_kind(resumed, "run_completed")[0].run_completed
     assert completed.rounds == 2 and completed.converged
     assert model.schema_calls("SupervisorPlan") == 2, "round 1 was not planned again"
+    # The run's usage counts the speakers of both executions once each (the scripted
+    # supervisor reports no tokens): from the checkpoint, or from the finals in the log.
+    every_final = finals(first) + finals(resumed)
+    assert (
+        (completed.usage.input_tokens, completed.usage.output_tokens)
+        == (
+            sum(f.usage.input_tokens for f in every_final),
+            sum(f.usage.output_tokens for f in every_final),
+        )
+        == (30, 9)
+    )
 
 
 @pytest.mark.parametrize(

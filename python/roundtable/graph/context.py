@@ -9,13 +9,13 @@ the run's results instead of growing with the history.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from opentelemetry import trace
 
-from roundtable.domain.events import Event
+from roundtable.domain.events import Event, TokenUsage
 from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.directives import Directive
@@ -79,11 +79,20 @@ class Prior:
     """Steps already planned, in order."""
     finished: Mapping[str, str | None] = field(default_factory=dict)
     """reply_id -> content of replies already final, or None for speakers that failed."""
+    usage: Mapping[str, TokenUsage] = field(default_factory=dict)
+    """reply_id -> the tokens a final in the log reports."""
     rounds: int = 0
     memory_proposed: bool = False
     """Whether memory_proposed is already in the log (it is not emitted twice)."""
     verdicts: Mapping[int, tuple[PlanSource, bool]] = field(default_factory=dict)
     """round -> (who planned it, whether the discussion was finished after it)."""
+
+    def usage_of(self, reply_ids: Iterable[str]) -> TokenUsage:
+        """The tokens the logged finals of these replies report, summed."""
+        total = TokenUsage()
+        for reply_id in reply_ids:
+            total = total + self.usage.get(reply_id, TokenUsage())
+        return total
 
     def planned(self, round_no: int) -> list[PlanStep]:
         """The steps of a round already planned (and announced) by an earlier execution."""

@@ -6,7 +6,7 @@ manager per step, `on_chain_end`) and starts the node in a new asyncio task, so 
 LangChain tracer sees it as a run of its own. Roundtable traces with OpenTelemetry (a
 span per node, `graph.builder.traced`), so when no LangChain callback handler is
 configured all of that is work for nobody: measured here, ≈1.0-1.4 ms of a 4-speaker
-count-off turn (7 nodes) served over gRPC, 13-17 % of the turn.
+count-off turn (then 7 nodes) served over gRPC, 13-17 % of the turn.
 
 `DirectNode` runs the same steps with the same config, in order, in the caller's task,
 with the node's config set as the current runnable config (so `get_config()`,

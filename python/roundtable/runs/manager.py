@@ -526,6 +526,7 @@ class RunManager:
                 prior=Prior(
                     steps=tuple(live.progress.steps),
                     finished=dict(live.progress.finished),
+                    usage=dict(live.progress.usage),
                     rounds=live.progress.rounds,
                     memory_proposed=live.progress.memory_proposed,
                     verdicts=dict(live.progress.verdicts),

@@ -17,6 +17,7 @@ from roundtable.domain.events import (
     MemoryProposed,
     PlanCreated,
     SpeakerFailed,
+    TokenUsage,
 )
 from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.v1 import events_pb2 as epb
@@ -29,6 +30,8 @@ class Progress:
     steps: list[PlanStep] = field(default_factory=list)
     finished: dict[str, str | None] = field(default_factory=dict)
     """reply_id -> final content, or None when the speaker failed."""
+    usage: dict[str, TokenUsage] = field(default_factory=dict)
+    """reply_id -> the tokens its final reports (a resumed run's usage counts them)."""
     rounds: int = 0
     memory_proposed: bool = False
     verdicts: dict[int, tuple[PlanSource, bool]] = field(default_factory=dict)
@@ -42,6 +45,7 @@ class Progress:
             self._plan(event.round, event.source, event.converged, event.steps)
         elif isinstance(event, AssistantFinal):
             self.finished[event.reply_id] = event.content
+            self.usage[event.reply_id] = event.usage
         elif isinstance(event, SpeakerFailed):
             self.finished.setdefault(event.reply_id, None)
         elif isinstance(event, MemoryProposed):
@@ -68,7 +72,11 @@ class Progress:
                 (plan_step_from_proto(s) for s in plan.steps),
             )
         elif kind == "assistant_final":
-            self.finished[event.assistant_final.reply_id] = event.assistant_final.content
+            final = event.assistant_final
+            self.finished[final.reply_id] = final.content
+            self.usage[final.reply_id] = TokenUsage(
+                final.usage.input_tokens, final.usage.output_tokens
+            )
         elif kind == "speaker_failed":
             self.finished.setdefault(event.speaker_failed.reply_id, None)
         elif kind == "memory_proposed":

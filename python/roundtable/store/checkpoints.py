@@ -4,7 +4,7 @@ The speaker is the unit of resume: a run resumes by set difference against the e
 where every finished reply is committed before anyone hears of it. So the checkpoint
 only has to record where the graph stands after each plan and each round of speakers
 (dispatch runs a whole round in one super-step); the checkpoints LangGraph would write
-after routing nodes, and the per-task "writes" it keeps for resuming half-finished
+after the other nodes, and the per-task "writes" it keeps for resuming half-finished
 parallel super-steps (this graph has none), cost a database round trip each and buy
 nothing. Measured on a 4-speaker count-off: 12 checkpoints and 40 writes a turn became 6
 checkpoints (start, plan, four speakers) and no writes with a super-step per speaker,

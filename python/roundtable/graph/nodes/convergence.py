@@ -10,7 +10,7 @@ from typing import Literal
 
 from roundtable.domain.plan import PlanSource
 from roundtable.domain.snapshot import Budgets
-from roundtable.graph.context import Drained, GraphContext
+from roundtable.graph.context import GraphContext
 from roundtable.graph.state import ConversationState
 
 Destination = Literal["supervisor", "propose_memory"]
@@ -34,11 +34,6 @@ async def convergence(state: ConversationState, ctx: GraphContext) -> Destinatio
     `converged` stays the supervisor's own verdict, so a discussion cut short by its
     budget is reported as not converged.
     """
-    more = another_round(state, ctx.request.snapshot.session.budgets)
-    if more:
-        # Between rounds is a speaker boundary too: a stop asked for during the round ends
-        # the run here, before the supervisor is asked for the next one (a resume asks it).
-        await ctx.stop.refresh()
-        if ctx.stop.requested:
-            raise Drained(ctx.stop.reason)
-    return "supervisor" if more else "propose_memory"
+    if another_round(state, ctx.request.snapshot.session.budgets):
+        return "supervisor"  # which checks for a stop first: between rounds is a boundary
+    return "propose_memory"

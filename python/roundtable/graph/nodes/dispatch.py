@@ -27,7 +27,8 @@ def _logged_replies(state: ConversationState, ctx: GraphContext) -> list[ReplyDi
     """State replies plus any the event log has and the checkpoint missed.
 
     A checkpoint is written a little after a speaker's final is committed to the log; a
-    crash in between must not make that speaker speak twice.
+    crash in between must not make that speaker speak twice. (Their tokens are not in the
+    checkpoint's usage either: `dispatch` adds them.)
     """
     replies = list(state.get("replies", []))
     have = {r["reply_id"] for r in replies}
@@ -53,8 +54,9 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
     steps = state.get("steps", [])
     replies = _logged_replies(state, ctx)
     done = {r["reply_id"] for r in replies}
-    input_tokens = state.get("input_tokens", 0)
-    output_tokens = state.get("output_tokens", 0)
+    logged = ctx.prior.usage_of(r["reply_id"] for r in replies[len(state.get("replies", [])) :])
+    input_tokens = state.get("input_tokens", 0) + logged.input_tokens
+    output_tokens = state.get("output_tokens", 0) + logged.output_tokens
     for step in steps:
         if step["reply_id"] in done:
             continue

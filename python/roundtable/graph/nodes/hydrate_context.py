@@ -1,8 +1,9 @@
 """hydrate_context: brings what is already known about the run into state.
 
 It records the turn's directive (classified by the runs layer from the snapshot, a pure
-function). A fresh run starts with no steps. A resumed run starts from its durable event log: the steps
-already planned and the replies already final, so nothing finished is done again.
+function). A fresh run starts with no steps. A resumed run starts from its durable event
+log: the steps already planned and the replies already final (with their tokens), so
+nothing finished is done again.
 """
 
 from __future__ import annotations
@@ -36,12 +37,16 @@ async def hydrate_context(
     # The last logged round's planner and verdict: a resumed discussion whose supervisor
     # asked for another round still gets it.
     source, converged = prior.verdict(prior.rounds)
+    # The finished speakers' tokens, as their finals in the log report them, so the run's
+    # usage still counts them. (A supervisor's or memory call's tokens are in no event: a
+    # run resumed without its checkpoint reports only those of its new calls.)
+    usage = prior.usage_of(r["reply_id"] for r in replies)
     state = ConversationState(
         route=Route.SINGLE if snapshot.session.kind is SessionKind.SINGLE else Route.GROUP,
         round=prior.rounds,
         converged=converged,
-        input_tokens=0,
-        output_tokens=0,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
         directive=ctx.directive.kind.value,
     )
     if prior.rounds:

@@ -16,7 +16,7 @@ from roundtable.domain.errors import ModelError
 from roundtable.domain.events import PlanCreated
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
 from roundtable.domain.snapshot import Snapshot
-from roundtable.graph.context import GraphContext
+from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.directives import mentioned_members
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import supervisor_messages
@@ -76,6 +76,14 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
     round_no = state.get("round", 0) + 1
     speakers_left = max(0, budgets.max_speakers - len(steps_so_far))
     replies = state.get("replies", [])
+    if steps_so_far:
+        # Between rounds is a speaker boundary too: a stop asked for during the round ends
+        # the run here, before the supervisor is asked for the next one (a resume asks it).
+        # Checked in this node, not in the convergence decision before it, so that the
+        # round's replies and usage are in the checkpoint the stop leaves.
+        await ctx.stop.refresh()
+        if ctx.stop.requested:
+            raise Drained(ctx.stop.reason)
     already = ctx.prior.planned(round_no)
     if already:
         # This round's plan is in the log from an earlier execution: no second model call,
