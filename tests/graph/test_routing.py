@@ -1,4 +1,4 @@
-"""Routing decisions as conditional edges: no super-step of their own, a span each when traced."""
+"""Routing decisions taken at the end of the node before them: no super-step, a span each."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from roundtable.domain.snapshot import RunContext
 from roundtable.graph.builder import NODES, ROUTES, build_conversation_graph
 from roundtable.graph.direct import run_nodes_directly
-from roundtable.graph.routing import Route
+from roundtable.graph.routing import Route, routed
 
 
 class State(TypedDict, total=False):
@@ -55,18 +55,17 @@ def graph(checkpointer: Any = None) -> Any:
 
         return run
 
-    async def start(state: State) -> State:
+    async def start(state: State, runtime: Any) -> State:
         return {"seen": ["start"]}
 
     classify = Route("classify", by_kind, labels={"det": "deterministic", "open": "open"})
     route = Route("route", has_plan, labels={"run": "plan exists"}, then={"classify": classify})
     builder = StateGraph(State, context_schema=Context)
-    builder.add_node("start", start)
+    builder.add_node("start", routed(start, route), destinations=route.destinations)
     for name in ("det", "open", "run"):
         builder.add_node(name, node(name))
         builder.add_edge(name, END)
     builder.add_edge(START, "start")
-    builder.add_conditional_edges("start", route, route.path_map)
     return run_nodes_directly(builder.compile(checkpointer=checkpointer))
 
 
@@ -108,6 +107,26 @@ def test_the_conversation_graph_routes_with_decisions_not_nodes() -> None:
     assert all(f"{name}: " in drawn for name in ROUTES), "edges are labelled by their decision"
 
 
-async def test_a_route_runs_asynchronously_only() -> None:
-    with pytest.raises(RuntimeError, match="asynchronously"):
-        Route("r", by_kind).invoke({"kind": "x"})
+async def test_a_decision_for_a_node_it_does_not_name_is_an_error() -> None:
+    async def nowhere(state: Any, ctx: Any) -> str:
+        return "nowhere"
+
+    with pytest.raises(ValueError, match="unknown node 'nowhere'"):
+        await Route("r", nowhere, labels={"det": "deterministic"})({"kind": "x"}, context())
+
+
+async def test_a_decision_sees_the_update_of_the_node_before_it() -> None:
+    seen: list[Any] = []
+
+    async def look(state: Any, ctx: Any) -> str:
+        seen.append(dict(state))
+        return "det"
+
+    async def node(state: State, runtime: Any) -> State:
+        return {"seen": ["node"]}
+
+    command = await routed(node, Route("r", look, labels={"det": "d"}))(
+        {"kind": "x"}, type("Runtime", (), {"context": context()})()
+    )
+    assert seen == [{"kind": "x", "seen": ["node"]}]
+    assert command.goto == "det" and command.update == {"seen": ["node"]}

@@ -19,7 +19,7 @@ from roundtable.graph.nodes.dispatch import dispatch
 from roundtable.graph.nodes.hydrate_context import hydrate_context
 from roundtable.graph.nodes.propose_memory import propose_memory
 from roundtable.graph.nodes.supervisor import supervisor
-from roundtable.graph.routing import Route
+from roundtable.graph.routing import Route, routed
 from roundtable.graph.state import ConversationState
 from roundtable.telemetry.attributes import run_correlation
 
@@ -33,7 +33,7 @@ NODES = (
 """The graph's nodes: also the `caller_node` of their spans and audit records."""
 
 ROUTES = ("route_session", "classify_directive", "convergence")
-"""The graph's routing decisions (conditional edges, `graph.routing`), traced like nodes."""
+"""The graph's routing decisions (`graph.routing`), traced like nodes."""
 
 
 def traced(name: str, node: Callable[..., Awaitable[Any]]) -> Any:
@@ -62,19 +62,12 @@ def build_conversation_graph(checkpointer: Any = None) -> Any:
     deterministic_router | supervisor -> dispatch (the round's speakers, one after another)
     dispatch -> convergence: (another round) supervisor | propose_memory -> END
 
-    The routing points are conditional edges (`graph.routing`), decided in the super-step
-    of the node before them, so a count-off turn is four super-steps (hydrate_context,
+    The routing points are decided at the end of the node before them (`graph.routing`),
+    in its super-step, so a count-off turn is four super-steps (hydrate_context,
     deterministic_router, dispatch, propose_memory) whatever the number of speakers.
     Nodes run in the run's own task unless a LangChain callback handler listens
     (`graph.direct`).
     """
-    graph = StateGraph(ConversationState, context_schema=GraphContext)
-    graph.add_node("hydrate_context", traced("hydrate_context", hydrate_context))
-    graph.add_node("deterministic_router", traced("deterministic_router", deterministic_router))
-    graph.add_node("supervisor", traced("supervisor", supervisor))
-    graph.add_node("dispatch", traced("dispatch", dispatch))
-    graph.add_node("propose_memory", traced("propose_memory", propose_memory))
-
     classify_directive = Route(
         "classify_directive", classify.classify_directive, labels=classify.LABELS
     )
@@ -86,11 +79,24 @@ def build_conversation_graph(checkpointer: Any = None) -> Any:
     )
     convergence = Route("convergence", converge.convergence, labels=converge.LABELS)
 
+    graph = StateGraph(ConversationState, context_schema=GraphContext)
+    graph.add_node(
+        "hydrate_context",
+        routed(traced("hydrate_context", hydrate_context), route_session),
+        destinations=route_session.destinations,
+    )
+    graph.add_node("deterministic_router", traced("deterministic_router", deterministic_router))
+    graph.add_node("supervisor", traced("supervisor", supervisor))
+    graph.add_node(
+        "dispatch",
+        routed(traced("dispatch", dispatch), convergence),
+        destinations=convergence.destinations,
+    )
+    graph.add_node("propose_memory", traced("propose_memory", propose_memory))
+
     graph.add_edge(START, "hydrate_context")
-    graph.add_conditional_edges("hydrate_context", route_session, route_session.path_map)
     graph.add_edge("deterministic_router", "dispatch")
     graph.add_edge("supervisor", "dispatch")
-    graph.add_conditional_edges("dispatch", convergence, convergence.path_map)
     graph.add_edge("propose_memory", END)
     compiled = graph.compile(checkpointer=checkpointer, name="ConversationGraph")
     return run_nodes_directly(compiled)
