@@ -282,13 +282,13 @@ class OfflineChatModel(BaseChatModel):
     # -- what the offline model says ----------------------------------------------------
 
     def _reply(self, system: str, last_user: str) -> str:
-        secs = _sections(system)
-        name_match = re.match(r"You are (.+?)\.", system)
-        name = name_match.group(1) if name_match else "Assistant"
         task = _sections(last_user).get(sections.TASK, "") or last_user.strip()
         number = _NUMBER_TASK.search(task)
         if number:
             return f"{number.group(1)}!"
+        secs = _sections(system)
+        name_match = re.match(r"You are (.+?)\.", system)
+        name = name_match.group(1) if name_match else "Assistant"
         persona = secs.get(sections.PERSONA, "")
         voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
         topic = last_user.split(sections.TASK)[0].strip().splitlines()
