@@ -235,8 +235,8 @@ async def test_supervisor_rounds_until_converged_within_budget(start_server) -> 
 
 @pytest.mark.parametrize("checkpoint", ["kept", "lost"])
 async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server, checkpoint) -> None:
-    # Round 1 is stopped after its speakers (at convergence, between rounds); the supervisor
-    # had asked for another round. The resumed run must hold that round, without asking
+    # Round 1 is stopped after its speakers (at the supervisor's start, between rounds); the
+    # supervisor had asked for another round. The resumed run must hold that round, without asking
     # about round 1 again, whether it resumes from the checkpoint the stop left or, as
     # after a SIGKILL under the default durability, from the event log alone.
     model = ScriptedProvider(

@@ -36,7 +36,8 @@ class EventSink(Protocol):
 
 
 class StopSignal:
-    """A graceful stop request, checked by dispatch at every speaker boundary.
+    """A graceful stop request, checked at every speaker boundary: by dispatch before each
+    speaker, and by the supervisor before a later round.
 
     With a shared store, `poller` also asks the store whether another replica recorded a
     cancel for this run (one query per speaker boundary).

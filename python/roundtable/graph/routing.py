@@ -88,7 +88,9 @@ def routed(node: Node, route: Route) -> Callable[..., Awaitable[Command[Any]]]:
     # `state` is typed Any: LangGraph takes a node's annotation for its input schema, and
     # the graph's own state schema is the one wanted.
     async def run(state: Any, runtime: Runtime[GraphContext]) -> Command[Any]:
-        update = await node(state, runtime)
+        update = await node(state, runtime) or {}
+        if not isinstance(update, dict):
+            raise TypeError(f"a routed node returns a state update, not {type(update).__name__}")
         after: ConversationState = {**state, **update}
         return Command(update=update, goto=await route(after, runtime.context))
 

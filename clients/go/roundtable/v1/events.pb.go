@@ -1646,9 +1646,10 @@ type RunCompleted struct {
 	// Every finished reply, in step order.
 	Replies []*ReplySummary `protobuf:"bytes,1,rep,name=replies,proto3" json:"replies,omitempty"`
 	// Tokens used by the whole run, supervisor and memory proposals included.
-	// A resumed run counts every speaker's tokens (the earlier execution's from
-	// their finals in the event log); a supervisor's or memory call's tokens
-	// from an earlier execution only when it resumed from a checkpoint.
+	// A resumed run counts every finished reply's tokens (an earlier execution's
+	// from their finals in the event log); a supervisor's or memory call's
+	// tokens, or a failed speaker's, from an earlier execution only when it
+	// resumed from a checkpoint.
 	Usage *TokenUsage `protobuf:"bytes,2,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Whether the discussion converged (always true for deterministic plans).
 	Converged bool `protobuf:"varint,3,opt,name=converged,proto3" json:"converged,omitempty"`

@@ -8,6 +8,8 @@ primary member, and `plan_created` says why.
 
 from __future__ import annotations
 
+import asyncio
+
 from langgraph.runtime import Runtime
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,7 +82,9 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
         # Between rounds is a speaker boundary too: a stop asked for during the round ends
         # the run here, before the supervisor is asked for the next one (a resume asks it).
         # Checked in this node, not in the convergence decision before it, so that the
-        # round's replies and usage are in the checkpoint the stop leaves.
+        # round's replies and usage are in the checkpoint the stop leaves. As in dispatch,
+        # after yielding to the event loop, so that a stop that just arrived is seen.
+        await asyncio.sleep(0)
         await ctx.stop.refresh()
         if ctx.stop.requested:
             raise Drained(ctx.stop.reason)
