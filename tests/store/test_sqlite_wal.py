@@ -12,6 +12,7 @@ from roundtable.store.base import StoredEvent
 from roundtable.store.sqlite import SqliteRunStore
 
 BODY = b"x" * 400
+PAGE = 4096
 
 
 def size(path: Path) -> int:
@@ -40,13 +41,12 @@ async def test_the_log_is_copied_back_and_restarts_under_continuous_writes(
     tmp_path: Path,
 ) -> None:
     async with checkpointed_store(tmp_path) as (store, db, wal):
-        await write(store, 1, 3000)
-        after_3000 = size(wal)
-        await write(store, 3001, 3000)
-        # Each autocommitted event is at least one 4 KiB page: ≈12 MB per 3,000 unbounded.
-        assert size(wal) < 8 * 1024 * 1024
-        assert size(wal) <= after_3000 * 1.5, "the log restarts instead of growing"
-        assert store.wal_checkpoints >= 10
+        await write(store, 1, 6000)
+        # Without checkpoints the log holds every commit (6,000 events made it 58 MB). The
+        # bound leaves room for checkpoints that lag on a loaded machine (their worker thread
+        # competes for the CPU: 13 MB seen with three busy processes beside the test).
+        assert size(wal) < 6000 * PAGE, "the log restarts instead of growing"
+        assert store.wal_checkpoints >= 5
         assert size(db) > 2 * 1024 * 1024, "the events reached the database file"
         events = await store.read_events("acme", "run-1", 0)
         assert [e.seq for e in events] == list(range(1, 6001))
@@ -69,12 +69,14 @@ async def test_a_reader_holding_a_snapshot_keeps_the_log_until_it_lets_go(
             held = store.wal_checkpoints
             await write(store, 101, 1500)
             assert store.wal_checkpoints == held, "no whole copy past the reader's snapshot"
-            assert size(wal) > 1500 * 4096
+            assert size(wal) > 1500 * PAGE
             reader.execute("COMMIT")
             await write(store, 1601, 1500)
             grown = size(wal)
             await write(store, 3101, 1500)
             assert store.wal_checkpoints > held
-            assert size(wal) == grown, "once let go, the log restarts within its file"
+            # Unbounded, 1,500 more events would add ≈14 MB; restarting, the file keeps its size
+            # (give or take a restart that lags on a loaded machine).
+            assert size(wal) < grown + 1500 * PAGE, "once let go, the log restarts"
         finally:
             reader.close()
