@@ -238,8 +238,8 @@ class MemoryRunStore:
         self.runs[(record.tenant, record.run_id)] = dataclasses.replace(record)
         return True
 
-    async def request_cancel(self, *_args: Any) -> None:
-        return None
+    async def request_cancel(self, *_args: Any) -> bool:
+        return False  # one process, no replica to tell
 
     async def count_rows(self) -> int:
         return len(self.runs) + sum(len(v) for v in self.events.values())

@@ -176,6 +176,22 @@ async def test_a_postgres_table_from_before_continued_by_gets_the_column() -> No
         drop_schema(dsn, url)
 
 
+async def test_a_cancel_recorded_after_the_run_ended_leaves_no_mark(server) -> None:
+    # A cancel read a run as running, and the run ended before the cancel was written: a
+    # mark left on a stopped run's row would stop its next resume at once.
+    store = server.store
+    run = record("ended", RunStatus.RUNNING, lease_until=time.time() + 30)
+    assert await store.create_run(run)
+    assert await store.request_cancel("acme", "ended", "graceful", "first")
+    run.status = RunStatus.CANCELLED
+    assert await store.finish_run(run, "replica-x")
+    assert not await store.request_cancel("acme", "ended", "immediate", "late")
+    kept = await store.get_run("acme", "ended")
+    assert kept is not None
+    assert (kept.status, kept.cancel_mode, kept.cancel_reason) == (RunStatus.CANCELLED, "", "")
+    assert not await store.request_cancel("acme", "no-such-run", "graceful", "late")
+
+
 async def test_a_shared_store_answers_the_cancel_recorded_on_the_run_with_each_append(
     server,
 ) -> None:

@@ -801,8 +801,10 @@ class RunManager:
             # Another replica runs it: record the cancel there; it stops at its next
             # speaker boundary (an immediate cancel within a third of a lease).
             mode = "immediate" if immediate else "graceful"
-            await self.store.request_cancel(tenant, run_id, mode, reason or "cancel_requested")
-            return CancelResult(True, record, progress)
+            if await self.store.request_cancel(tenant, run_id, mode, reason or "cancel_requested"):
+                return CancelResult(True, record, progress)
+            # It ended between the read and the write: say so, with its end.
+            record, progress = await self.describe(tenant, run_id)
         return CancelResult(False, record, progress)
 
     async def describe(self, tenant: str, run_id: str) -> tuple[RunRecord, Progress]:

@@ -226,8 +226,9 @@ class RunStore(Protocol):
         False when the row was not `owner`'s any more (nothing written)."""
         ...
 
-    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
-        """Records a cancel for whichever replica runs the run."""
+    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
+        """Records a cancel for whichever replica runs the run; False (nothing recorded)
+        when the run is no longer queued or running."""
         ...
 
     async def count_rows(self) -> int:

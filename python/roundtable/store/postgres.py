@@ -210,8 +210,8 @@ class PostgresRunStore:
         record.updated_at = time.time()
         return await self._execute(_SQL.finish_run, finish_params(record, owner)) == 1
 
-    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
-        await self._execute(_SQL.request_cancel, (mode, reason, tenant, run_id))
+    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
+        return await self._execute(_SQL.request_cancel, (mode, reason, tenant, run_id)) == 1
 
     async def count_rows(self) -> int:
         rows = await self._fetch(

@@ -305,9 +305,9 @@ class SqliteRunStore:
         await self._before_write()
         return self.conn.execute(_SQL.finish_run, finish_params(record, owner)).rowcount == 1
 
-    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> None:
+    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
         await self._before_write()
-        self.conn.execute(_SQL.request_cancel, (mode, reason, tenant, run_id))
+        return self.conn.execute(_SQL.request_cancel, (mode, reason, tenant, run_id)).rowcount == 1
 
     @property
     def shared(self) -> bool:

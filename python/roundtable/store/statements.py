@@ -95,9 +95,11 @@ class Statements:
                 f"last_seq={p}, updated_at={p}, owner='', lease_until=0, cancel_mode='', "
                 f"cancel_reason='' WHERE tenant={p} AND run_id={p} AND owner={p}"
             ),
+            # Only a queued or running run takes a cancel: one recorded after the run ended
+            # would stay on its row and stop its next resume at once.
             request_cancel=(
                 f"UPDATE rt_runs SET cancel_mode={p}, cancel_reason={p} "
-                f"WHERE tenant={p} AND run_id={p}"
+                f"WHERE tenant={p} AND run_id={p} AND status IN ('queued', 'running')"
             ),
         )
 
