@@ -1,6 +1,6 @@
 """convergence: whether an open discussion needs another supervisor round.
 
-Decided as the edge out of dispatch. Bounded by the session's round and speaker budgets;
+Decided at the end of dispatch (`graph.routing`). Bounded by the session's round and speaker budgets;
 deterministic plans and fallbacks always converge.
 """
 

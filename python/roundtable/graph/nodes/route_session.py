@@ -1,4 +1,4 @@
-"""route_session: where the turn goes next, decided as the edge out of hydrate_context.
+"""route_session: where the turn goes next, decided at the end of hydrate_context.
 
 The order of the checks is the point: "a plan already exists" comes before the kind of
 turn, so a resumed open discussion goes straight to dispatch instead of asking the
