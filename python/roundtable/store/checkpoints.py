@@ -110,20 +110,10 @@ class BoundarySaver(BaseCheckpointSaver[Any]):
     ) -> None:
         """Skipped: one task per super-step, and an interrupted node simply runs again."""
 
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Skipped, as `aput_writes`."""
-
-    # LangGraph asks `inspect.signature(checkpointer.aput_writes)` (`put_writes` in a sync
-    # graph) whether it takes `task_path`, at every graph invocation (≈16 µs); signatures
-    # computed once make that a lookup.
+    # LangGraph's async loop asks `inspect.signature(checkpointer.aput_writes)` whether it
+    # takes `task_path`, at every graph invocation (≈16 µs); a signature computed once makes
+    # that a lookup. (Roundtable runs graphs asynchronously only: no sync `put_writes`.)
     aput_writes.__signature__ = inspect.signature(aput_writes)  # type: ignore[attr-defined]
-    put_writes.__signature__ = inspect.signature(put_writes)  # type: ignore[attr-defined]
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Deletes through the wrapped saver."""
