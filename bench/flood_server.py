@@ -22,6 +22,7 @@ message, each a full `StartRunResponse` with an `assistant_delta`: the raw grpc.
 baseline, measured in the same process and the same run. `/bench.Raw/ModelAlone`
 (`langchain:N` or `native:N`) consumes a bench model in this process with nothing else and
 answers its tokens/s: the model's own ceiling.
+`/bench.Raw/Park` and `/bench.Raw/ParkGraph` are B4's floors (see `raw_handler`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,6 +47,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
 from roundtable.domain.events import TokenUsage
 from roundtable.models.base import ChatCall
 from roundtable.models.base import ChatResult as RtResult
@@ -163,12 +166,58 @@ class NativeFloodProvider:
         )
 
 
+class BareState(TypedDict, total=False):
+    """A bare graph's state: as many keys as a turn's state has, none of its data."""
+
+    turn: str
+    plan: list[str]
+    replies: list[str]
+    route: str
+    directive: str
+    round: int
+    input_tokens: int
+    output_tokens: int
+    finished: bool
+
+
+def bare_graph(never: asyncio.Event) -> Any:
+    """B4's LangGraph floor: a turn's shape with nothing in it, compiled as LangGraph's
+    documentation shows (no checkpointer). `prepare` → `speak` (parks until `never` is
+    set, after setting the `parked` event found in the run's configurable) → `finish`."""
+
+    async def prepare(state: BareState) -> BareState:
+        return {"plan": ["a", "b", "c", "d"], "route": "group", "directive": "count_off"}
+
+    async def speak(state: BareState, config: RunnableConfig) -> BareState:
+        config["configurable"]["parked"].set()
+        await never.wait()
+        return {"replies": ["1", "2", "3", "4"], "round": 1}
+
+    async def finish(state: BareState) -> BareState:
+        return {"finished": True}
+
+    graph = StateGraph(BareState)
+    graph.add_node("prepare", prepare)
+    graph.add_node("speak", speak)
+    graph.add_node("finish", finish)
+    graph.add_edge(START, "prepare")
+    graph.add_edge("prepare", "speak")
+    graph.add_edge("speak", "finish")
+    graph.add_edge("finish", END)
+    return graph.compile()
+
+
 def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
     """`/bench.Raw/Stream`: the request is N as ASCII; N messages of one token each.
 
     `/bench.Raw/Turn`: B1's gRPC floor. It parses a StartRunRequest like the product's
     edge and answers `replay` (a real turn's responses, recorded and pre-serialized):
     what a Python gRPC server and client cost for a turn with nothing in between.
+
+    `/bench.Raw/Park` and `/bench.Raw/ParkGraph`: B4's floors. Each parses a
+    StartRunRequest, sends one event and stays parked until the client leaves; `ParkGraph`
+    first starts a bare LangGraph run (`bare_graph`) in a task of its own, as the product
+    runs a turn, and sends its event once that run is parked in its second node.
     """
 
     async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -201,15 +250,43 @@ def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
         for response in replay or ():
             yield response
 
+    never = asyncio.Event()  # parked streams and graph runs wait on it until cancelled
+    graph = bare_graph(never)
+
+    async def park(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        yield pb.StartRunResponse(event=epb.RunEvent(run_id=request.context.run_id, seq=1))
+        await never.wait()
+
+    async def park_graph(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        parked = asyncio.Event()
+        run = asyncio.create_task(
+            graph.ainvoke({"turn": request.context.run_id}, {"configurable": {"parked": parked}})
+        )
+        try:
+            await parked.wait()
+            yield pb.StartRunResponse(event=epb.RunEvent(run_id=request.context.run_id, seq=1))
+            await run
+        finally:
+            run.cancel()
+
     handler = grpc.unary_stream_rpc_method_handler(
         stream, response_serializer=pb.StartRunResponse.SerializeToString
     )
+    parked_handlers = {
+        name: grpc.unary_stream_rpc_method_handler(
+            method,
+            request_deserializer=pb.StartRunRequest.FromString,
+            response_serializer=pb.StartRunResponse.SerializeToString,
+        )
+        for name, method in (("Park", park), ("ParkGraph", park_graph))
+    }
     alone = grpc.unary_unary_rpc_method_handler(model_alone)
     replayed = grpc.unary_stream_rpc_method_handler(
         turn, request_deserializer=pb.StartRunRequest.FromString
     )
     return grpc.method_handlers_generic_handler(
-        "bench.Raw", {"Stream": handler, "ModelAlone": alone, "Turn": replayed}
+        "bench.Raw",
+        {"Stream": handler, "ModelAlone": alone, "Turn": replayed, **parked_handlers},
     )
 
 

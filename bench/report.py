@@ -225,6 +225,18 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             "KB",
         )
     )
+    floors = (
+        ("floor_grpc", "B4 floor: a bare grpc.aio stream parked after one event"),
+        (
+            "floor_grpc_langgraph",
+            "B4 floor: the same stream holding a bare LangGraph run parked in a node",
+        ),
+        ("run_over_floor", "B4 Roundtable's own share (run less the LangGraph floor)"),
+    )
+    for name, label in floors:
+        value = fig(suite, "B4", f"kb_per_parked_{name}")
+        if value is not None:
+            goals.append(goal(label, "report", value, None, "same run, fresh servers", "KB"))
     # B5
     h10, h10k = fig(suite, "B5", "history_10"), fig(suite, "B5", "history_10000")
     r = paired_ratio(h10k, h10)

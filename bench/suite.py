@@ -1069,44 +1069,81 @@ async def bench_b3(cfg: Config, work: Path) -> dict[str, Any]:
 # -- B4: memory ---------------------------------------------------------------------------
 
 
-async def _b4_rep(cfg: Config, work: Path, rep: int) -> dict[str, float]:
-    server = await Server(work / f"b4-{rep}.db", work / f"b4-{rep}.log").start()
+B4_TARGETS = ("roundtable", "floor_grpc", "floor_grpc_langgraph")
+"""What B4 parks: the product's StartRun, then its two floors in a bench server
+(bench/flood_server.py): a bare grpc.aio stream (`/bench.Raw/Park`), and the same stream
+holding a bare LangGraph run parked in a node (`/bench.Raw/ParkGraph`)."""
+
+
+async def _b4_rep(cfg: Config, work: Path, rep: int, target: str) -> dict[str, float]:
+    """One fresh server; VmRSS growth per stream with `cfg.b4_runs` of them parked."""
+    import grpc
+
+    floor = target != "roundtable"
+    server = await Server(
+        work / f"b4-{target}-{rep}.db",
+        work / f"b4-{target}-{rep}.log",
+        script=BENCH / "flood_server.py" if floor else None,
+    ).start()
     parked_ref = offline_ref(latency_ms=600_000, timeout_ms=600_000)
     template = turn_request(COUNT_OFF, run_id="template", member_model=parked_ref)
-    quick = turn_request(COUNT_OFF, run_id="template")
     parked = 0
     all_parked = asyncio.Event()
+    channels = [
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.raw_port}") if floor else server.channel()
+        for _ in range(10)
+    ]
+    if floor:
+        method = "/bench.Raw/" + ("ParkGraph" if target == "floor_grpc_langgraph" else "Park")
+        calls = [
+            c.unary_stream(
+                method,
+                request_serializer=type(template).SerializeToString,
+                response_deserializer=type(stub_response_template()).FromString,
+            )
+            for c in channels
+        ]
+    else:
+        calls = [server.stub(c).StartRun for c in channels]
+    failures: list[str] = []
+
+    async def park(i: int, count: bool = True) -> None:
+        nonlocal parked
+        seen = False
+        request = with_run_id(template, new_id(f"b4-{rep}"))
+        # Spread over tenants: the server caps live runs per tenant (max_runs_per_tenant).
+        request.context.tenant = f"bench-{i % 20}"
+        try:
+            async for response in calls[i % len(calls)](request):
+                # A floor sends one event once parked; the product parks after speaker 1
+                # started.
+                if not seen and (floor or kind_of(response.event) == "speaker_started"):
+                    seen = True
+                    parked += count
+                    if parked == cfg.b4_runs:
+                        all_parked.set()
+        except Exception as exc:
+            if not seen and count:
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                failures.append(f"{type(exc).__name__}: {details}")
+                all_parked.set()
+
     tasks: list[asyncio.Task[None]] = []
-    channels = [server.channel() for _ in range(10)]
     try:
-        stubs = [server.stub(c) for c in channels]
-        for _ in range(cfg.warmup + 10):
-            await grpc_turn(stubs[0], with_run_id(quick, new_id("b4w")))
+        # Warm-up: whole turns on the product; on a floor, streams parked then dropped.
+        if floor:
+            warm = [asyncio.create_task(park(i, count=False)) for i in range(cfg.warmup + 10)]
+            await asyncio.sleep(0.5)
+            for task in warm:
+                task.cancel()
+            await asyncio.gather(*warm, return_exceptions=True)
+        else:
+            quick = turn_request(COUNT_OFF, run_id="template")
+            for _ in range(cfg.warmup + 10):
+                await grpc_turn(server.stub(channels[0]), with_run_id(quick, new_id("b4w")))
         gc.collect()
         await asyncio.sleep(1.0)
         before = server.rss_bytes()
-
-        failures: list[str] = []
-
-        async def park(i: int) -> None:
-            nonlocal parked
-            seen = False
-            request = with_run_id(template, new_id(f"b4-{rep}"))
-            # Spread over tenants: the server caps live runs per tenant (max_runs_per_tenant).
-            request.context.tenant = f"bench-{i % 20}"
-            try:
-                async for response in stubs[i % len(stubs)].StartRun(request):
-                    if not seen and kind_of(response.event) == "speaker_started":
-                        seen = True
-                        parked += 1
-                        if parked == cfg.b4_runs:
-                            all_parked.set()
-            except Exception as exc:
-                if not seen:
-                    details = exc.details() if hasattr(exc, "details") else str(exc)
-                    failures.append(f"{type(exc).__name__}: {details}")
-                    all_parked.set()
-
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(park(i)) for i in range(cfg.b4_runs)]
         await asyncio.wait_for(all_parked.wait(), timeout=180)
@@ -1132,21 +1169,46 @@ async def _b4_rep(cfg: Config, work: Path, rep: int) -> dict[str, float]:
 
 
 async def bench_b4(cfg: Config, work: Path) -> dict[str, Any]:
-    """B4: server RSS growth per in-flight run, with N runs parked in a model call."""
-    reps = [await _b4_rep(cfg, work, i) for i in range(cfg.b4_reps)]
+    """B4: server RSS growth per in-flight run, with N runs parked in a model call; and
+    the same for its floors (a bare gRPC stream; the stream plus a bare LangGraph run),
+    interleaved repetition by repetition."""
+    reps: dict[str, list[dict[str, float]]] = {t: [] for t in B4_TARGETS}
+    for i in range(cfg.b4_reps):
+        for target in B4_TARGETS:
+            reps[target].append(await _b4_rep(cfg, work, i, target))
+    product = reps["roundtable"]
+    figures = {
+        "kb_per_parked_run": summary([r["kb_per_run"] for r in product], "KB/run"),
+        "rss_before_mb": summary([r["rss_before_mb"] for r in product], "MB"),
+        "rss_after_mb": summary([r["rss_after_mb"] for r in product], "MB"),
+        "seconds_to_park_all": summary([r["start_all_s"] for r in product], "s"),
+    }
+    for target in B4_TARGETS[1:]:
+        figures[f"kb_per_parked_{target}"] = summary(
+            [r["kb_per_run"] for r in reps[target]], "KB/run"
+        )
+    # Roundtable's own share, repetition by repetition: the product less the floor that
+    # holds both a stream and a LangGraph run.
+    figures["kb_per_parked_run_over_floor"] = summary(
+        [
+            p["kb_per_run"] - f["kb_per_run"]
+            for p, f in zip(product, reps["floor_grpc_langgraph"], strict=True)
+        ],
+        "KB/run",
+    )
     return {
-        "figures": {
-            "kb_per_parked_run": summary([r["kb_per_run"] for r in reps], "KB/run"),
-            "rss_before_mb": summary([r["rss_before_mb"] for r in reps], "MB"),
-            "rss_after_mb": summary([r["rss_after_mb"] for r in reps], "MB"),
-            "seconds_to_park_all": summary([r["start_all_s"] for r in reps], "s"),
-        },
+        "figures": figures,
         "runs": cfg.b4_runs,
         "notes": (
-            "A fresh `roundtable serve` per repetition; warm-up turns; VmRSS before; then N "
-            "4-member count-offs whose model is offline latency_ms=600000 (each parks in "
-            "speaker 1's model call: speaker_started received for all N); VmRSS 1 s later. "
-            "KB/run = (after - before) / N. Streams spread over 10 channels."
+            "A fresh server per repetition and target; warm-up; VmRSS before; then N streams "
+            "parked, spread over 10 channels; VmRSS 1 s later; KB/run = (after - before) / N. "
+            "roundtable: `roundtable serve`, N 4-member count-offs whose model is offline "
+            "latency_ms=600000 (each parks in speaker 1's model call: speaker_started "
+            "received for all N). floor_grpc: bench/flood_server.py's /bench.Raw/Park, the "
+            "same request parsed, one event sent, then parked (a bare grpc.aio stream). "
+            "floor_grpc_langgraph: /bench.Raw/ParkGraph, the same plus a bare 3-node "
+            "LangGraph run (no checkpointer) in a task of its own, parked in its second "
+            "node. over_floor = roundtable - floor_grpc_langgraph per repetition."
         ),
     }
 
