@@ -130,3 +130,16 @@ async def test_a_decision_sees_the_update_of_the_node_before_it() -> None:
     )
     assert seen == [{"kind": "x", "seen": ["node"]}]
     assert command.goto == "det" and command.update == {"seen": ["node"]}
+
+
+async def test_a_decision_that_ends_the_graph_marks_it_finished() -> None:
+    async def nothing_left(state: Any, ctx: Any) -> str:
+        return END
+
+    async def node(state: State, runtime: Any) -> State:
+        return {"seen": ["node"]}
+
+    command = await routed(node, Route("r", nothing_left, labels={END: "nothing left"}))(
+        {"kind": "x"}, type("Runtime", (), {"context": context()})()
+    )
+    assert command.goto == END and command.update == {"seen": ["node"], "finished": True}

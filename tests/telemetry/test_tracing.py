@@ -99,6 +99,8 @@ async def test_count_off_has_a_deterministic_router_span(start_server) -> None:
     receiver, _ = await run_traced(start_server, start_request("报数", run_id="traced-2"))
     assert receiver.named("deterministic_router") and not receiver.named("supervisor")
     assert len([s for s in receiver.spans if s.name.startswith("invoke_agent ")]) == 4
+    # Nothing to remember: convergence ends the graph at dispatch, propose_memory never runs.
+    assert receiver.named("convergence") and not receiver.named("propose_memory")
 
 
 async def test_a_resumed_run_continues_the_new_trace_and_links_to_the_first(start_server) -> None:

@@ -61,10 +61,12 @@ def build_conversation_graph(checkpointer: Any = None) -> Any:
                                       | classify_directive: deterministic_router | supervisor
     deterministic_router | supervisor -> dispatch (the round's speakers, one after another)
     dispatch -> convergence: (another round) supervisor | propose_memory -> END
+                             | (nothing to remember) END
 
     The routing points are decided at the end of the node before them (`graph.routing`),
-    in its super-step, so a count-off turn is four super-steps (hydrate_context,
-    deterministic_router, dispatch, propose_memory) whatever the number of speakers.
+    in its super-step, so a count-off turn is three super-steps (hydrate_context,
+    deterministic_router, dispatch) whatever the number of speakers; a turn with memories
+    to propose adds propose_memory.
     Nodes run in the run's own task unless a LangChain callback handler listens
     (`graph.direct`).
     """

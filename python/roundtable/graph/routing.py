@@ -14,6 +14,9 @@ state the next node will see), and returns the node's update as a `Command` whos
 is the decision. When traces are exported the decision gets a span named after it, a
 child of the run's span like a node's (the node's span has ended by then), so a trace
 still shows every routing point of DESIGN.md's diagram with its `caller_node`.
+
+A decision may end the graph (`END`): the update then also sets `finished`, as the last
+node does, so the checkpoint saver knows the run will never resume.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from langgraph.graph import END
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
@@ -92,7 +96,10 @@ def routed(node: Node, route: Route) -> Callable[..., Awaitable[Command[Any]]]:
         if not isinstance(update, dict):
             raise TypeError(f"a routed node returns a state update, not {type(update).__name__}")
         after: ConversationState = {**state, **update}
-        return Command(update=update, goto=await route(after, runtime.context))
+        destination = await route(after, runtime.context)
+        if destination == END:
+            update = {**update, "finished": True}
+        return Command(update=update, goto=destination)
 
     run.__name__ = getattr(node, "__name__", "node")
     return run

@@ -1,20 +1,29 @@
 """convergence: whether an open discussion needs another supervisor round.
 
 Decided at the end of dispatch (`graph.routing`). Bounded by the session's round and speaker budgets;
-deterministic plans and fallbacks always converge.
+deterministic plans and fallbacks always converge. A converged turn goes on to
+propose_memory, or ends the graph at once when it has nothing to remember (a count-off, a
+stop, no reply): that node would only mark the graph finished, at the cost of a super-step.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from langgraph.graph import END
+
 from roundtable.domain.plan import PlanSource
 from roundtable.domain.snapshot import Budgets
 from roundtable.graph.context import GraphContext
+from roundtable.graph.nodes.propose_memory import nothing_to_remember
 from roundtable.graph.state import ConversationState
 
-Destination = Literal["supervisor", "propose_memory"]
-LABELS = {"supervisor": "another round", "propose_memory": "no more rounds"}
+Destination = Literal["supervisor", "propose_memory", "__end__"]
+LABELS = {
+    "supervisor": "another round",
+    "propose_memory": "no more rounds",
+    END: "nothing to remember",
+}
 """Each destination as the graph's drawing labels it."""
 
 
@@ -36,4 +45,6 @@ async def convergence(state: ConversationState, ctx: GraphContext) -> Destinatio
     """
     if another_round(state, ctx.request.snapshot.session.budgets):
         return "supervisor"  # which checks for a stop first: between rounds is a boundary
+    if nothing_to_remember(state, ctx):
+        return END
     return "propose_memory"

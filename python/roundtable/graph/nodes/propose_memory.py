@@ -4,7 +4,9 @@ The session's default model proposes through structured output (the offline mode
 explicit statements: "remember that ...", "记住…", "I prefer ..."). Proposals are checked
 against the snapshot: a proposal for a member who does not exist, citing a reply that
 is not this run's, or updating a memory the member does not have, is dropped. A turn
-with nothing to remember (a count-off, a stop, a turn with no reply) costs no model call.
+with nothing to remember (a count-off, a stop, a turn with no reply, a resumed turn that
+already proposed) costs no model call, and no super-step either: convergence then ends the
+graph at dispatch (`nothing_to_remember`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,16 @@ def accept(
     return tuple(out)
 
 
+def nothing_to_remember(state: ConversationState, ctx: GraphContext) -> bool:
+    """Whether this turn has nothing to propose memories from: a count-off or a stop, no
+    reply that did not fail, or proposals already emitted by an earlier execution."""
+    return (
+        state.get("directive") in _NOTHING_TO_REMEMBER
+        or ctx.prior.memory_proposed
+        or all(r["failed"] for r in state.get("replies", []))
+    )
+
+
 async def propose_memory(
     state: ConversationState, runtime: Runtime[GraphContext]
 ) -> ConversationState:
@@ -99,9 +111,9 @@ async def propose_memory(
 
 
 async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationState:
-    replies = [r for r in state.get("replies", []) if not r["failed"]]
-    if state.get("directive") in _NOTHING_TO_REMEMBER or not replies or ctx.prior.memory_proposed:
+    if nothing_to_remember(state, ctx):
         return {}
+    replies = [r for r in state.get("replies", []) if not r["failed"]]
     snapshot = ctx.request.snapshot
     ref = snapshot.session.default_model
     try:
