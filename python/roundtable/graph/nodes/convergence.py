@@ -8,7 +8,7 @@ stop, no reply): that node would only mark the graph finished, at the cost of a 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 from langgraph.graph import END
 
@@ -46,5 +46,5 @@ async def convergence(state: ConversationState, ctx: GraphContext) -> Destinatio
     if another_round(state, ctx.request.snapshot.session.budgets):
         return "supervisor"  # which checks for a stop first: between rounds is a boundary
     if nothing_to_remember(state, ctx):
-        return END
+        return cast(Destination, END)  # LangGraph types END as a plain str
     return "propose_memory"
