@@ -43,28 +43,33 @@ def shapes(saved: list[Any]) -> list[dict[str, int]]:
 
 
 @pytest.mark.parametrize(
-    ("durability", "expected"),
+    ("durability", "text", "expected"),
     [
-        ("exit", []),
-        # Newest first: the round of four speakers, then the plan.
-        ("async", [{"steps": 4, "replies": 4}, {"steps": 4, "replies": 0}]),
+        ("exit", "报数", []),
+        ("exit", "@all hello", []),
+        # Newest first. A count-off has nothing to remember, so its round ends the graph:
+        # that finished checkpoint is never resumed and is not written; only the plan is.
+        ("async", "报数", [{"steps": 4, "replies": 0}]),
+        # A turn that goes on to propose memories keeps the round of four, then the plan.
+        ("async", "@all hello", [{"steps": 4, "replies": 4}, {"steps": 4, "replies": 0}]),
     ],
 )
-async def test_checkpoints_of_a_completed_count_off(start_server, durability, expected) -> None:
+async def test_checkpoints_of_a_completed_turn(start_server, durability, text, expected) -> None:
     async with (
         start_server(checkpoint_durability=durability) as server,
         grpc.aio.insecure_channel(server.address) as channel,
     ):
         stub = pb_grpc.OrchestratorServiceStub(channel)
-        events = await collect(stub.StartRun(start_request("报数", run_id="ck-1", tenant="acme")))
+        events = await collect(stub.StartRun(start_request(text, run_id="ck-1", tenant="acme")))
         assert len(finals(events)) == 4
         saved = await saved_checkpoints(server, "acme", "ck-1")
     assert shapes(saved) == expected
-    if saved:
-        latest = saved[0].checkpoint["channel_values"]
-        assert [r["reply_id"] for r in latest["replies"]] == [f"ck-1#{i}" for i in range(4)]
+    for checkpoint in saved:
+        values = checkpoint.checkpoint["channel_values"]
+        replies = [r["reply_id"] for r in values.get("replies", [])]
+        assert replies in ([], [f"ck-1#{i}" for i in range(4)])
         # Nothing of the snapshot or the context is in a checkpoint: only progress.
-        assert "snapshot" not in latest and "credentials" not in str(saved[0].metadata)
+        assert "snapshot" not in values and "credentials" not in str(checkpoint.metadata)
 
 
 def count_reads(server: Any) -> list[str]:

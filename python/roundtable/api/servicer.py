@@ -163,7 +163,13 @@ class OrchestratorServicer:
         finally:
             if not subscription.reached_end:
                 self.manager.unsubscribe(tenant, run_id, subscription)
-                if run_request.options.disconnect_policy is DisconnectPolicy.CANCEL:
+                # Only a client that went away is a dropped stream: one the server ended
+                # with an error (a reader too slow for its buffer, told to re-attach) must
+                # find its run going on when it does.
+                if (
+                    subscription.error is None
+                    and run_request.options.disconnect_policy is DisconnectPolicy.CANCEL
+                ):
                     await self.manager.cancel(
                         tenant, run_id, immediate=False, reason="stream_dropped"
                     )

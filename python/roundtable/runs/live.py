@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from roundtable.domain.errors import RoundtableError, StreamOverflow
+from roundtable.domain.errors import RoundtableError, RunOrphaned, StreamOverflow
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
 from roundtable.runs.progress import Progress
@@ -15,6 +15,8 @@ from roundtable.store.base import RunRecord
 from roundtable.v1 import events_pb2 as epb
 
 _END = None
+TERMINAL_KINDS = frozenset({"run_completed", "run_cancelled", "run_failed"})
+"""The events that end an execution of a run."""
 MERGED_DELTA_MAX = 64 * 1024
 """Largest text a merged delta reaches (characters; the proto's delta_max_bytes ceiling)."""
 
@@ -48,6 +50,9 @@ class Subscription:
         self.closed = ended
         self.error: RoundtableError | None = None
         """Why the stream ended without its run's end (the servicer turns it into a status)."""
+        self.seen = backlog[-1].seq if backlog else 0
+        """The last durable seq queued: a live event at or below it is not handed over again
+        (a resumed run's events read from the log may be published after the read)."""
         self.follower: asyncio.Task[None] | None = None
         """For a run another replica executes: the task that pumps its event log in."""
         self._own_tail: epb.RunEvent | None = None
@@ -75,7 +80,13 @@ class Subscription:
         """Hands a live event over without waiting; False when the stream had to end."""
         if self.closed:
             return False
-        if not durable and self._merge(event):
+        if durable:
+            if event.seq <= self.seen:
+                return True
+            self.seen = event.seq
+        elif event.seq < self.seen:
+            return True  # a delta before what the stream asked for (it carries the last seq)
+        elif self._merge(event):
             return True
         if self.full:
             if not durable:
@@ -168,6 +179,8 @@ class LiveRun:
     interrupts: int = 0
     """Cancels `interrupt_graph` sent the run task that it has not taken back yet."""
     lease_lost: bool = False
+    ended: bool = False
+    """Whether this execution published its terminal event."""
     buffer: int = 0
     """Events buffered per stream (0: unbounded)."""
 
@@ -189,6 +202,8 @@ class LiveRun:
         since = head[-1].seq if head else after_seq
         backlog = [*head, *(e for e in self.backlog if e.seq > since)]
         sub = Subscription(backlog, ended=self.done.is_set(), buffer=self.buffer)
+        # Live events are handed over only past what the stream asked for and was given.
+        sub.seen = max(sub.seen, since)
         if not self.done.is_set():
             self.subscribers.add(sub)
         return sub
@@ -201,6 +216,7 @@ class LiveRun:
         """Hands an event to every stream; durable ones are kept for late subscribers."""
         if durable:
             self.backlog.append(event)
+            self.ended = event.WhichOneof("payload") in TERMINAL_KINDS
         overflowed = [sub for sub in self.subscribers if not sub.offer(event, durable=durable)]
         for sub in overflowed:
             self.subscribers.discard(sub)
@@ -229,8 +245,11 @@ class LiveRun:
         self.interrupts = 0
 
     def finish(self) -> None:
-        """Ends every stream."""
+        """Ends every stream: with RunOrphaned (UNAVAILABLE, "send the same StartRun")
+        when this execution stops before its terminal event (its lease lost to another
+        replica, or the process stopping), so no stream ends OK without the run's end."""
         self.done.set()
+        error = None if self.ended else RunOrphaned(self.record.run_id)
         for sub in self.subscribers:
-            sub.end()
+            sub.end(error)
         self.subscribers.clear()

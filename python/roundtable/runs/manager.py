@@ -52,7 +52,7 @@ from roundtable.graph.context import (
 )
 from roundtable.graph.directives import Directive, classify
 from roundtable.harness.chain import Harness
-from roundtable.runs.live import LiveRun, Subscription
+from roundtable.runs.live import TERMINAL_KINDS, LiveRun, Subscription
 from roundtable.runs.progress import Progress
 from roundtable.runs.sink import RunSink
 from roundtable.store.base import RESUMABLE, CancelMark, RunRecord, RunStatus, RunStore
@@ -66,7 +66,6 @@ SHUTDOWN_REASON = "server_shutdown"
 ACTIVE = frozenset({RunStatus.RUNNING, RunStatus.QUEUED})
 CONTINUE_LOOKBACK = 8
 """How many of a thread's latest stopped runs a continue turn looks through for steps left."""
-TERMINAL_KINDS = frozenset({"run_completed", "run_cancelled", "run_failed"})
 
 
 def default_owner() -> str:
@@ -703,6 +702,7 @@ class RunManager:
         takeover: Callable[[], Awaitable[Subscription]] | None,
     ) -> None:
         seen = after_seq
+        ended = False  # whether the last event read ends an execution of the run
         while True:
             stored = await self.store.read_events(tenant, run_id, seen)
             for item in stored:
@@ -712,26 +712,34 @@ class RunManager:
                     await asyncio.sleep(self.follow_poll_s)
                 sub.push(event)
                 seen = event.seq
-                if event.WhichOneof("payload") in TERMINAL_KINDS:
+                ended = event.WhichOneof("payload") in TERMINAL_KINDS
+            if stored and not ended:
+                await asyncio.sleep(self.follow_poll_s)
+                continue
+            # Nothing new, or an execution's end: only the registry says whether the run
+            # goes on (a resumed run's log holds the end of an earlier execution).
+            record = await self.store.get_run(tenant, run_id)
+            if record is None or record.status not in ACTIVE:
+                if await self.store.read_events(tenant, run_id, seen):
+                    continue  # appended between the two reads: hand them on first
+                sub.end()
+                return
+            if record.lease_until < time.time():
+                if ended:
+                    # Its replica died after the run's end, before recording it.
                     sub.end()
                     return
-            if not stored:
-                record = await self.store.get_run(tenant, run_id)
-                if record is None or record.status not in ACTIVE:
-                    sub.end()
+                if takeover is None:
+                    sub.end(RunOrphaned(run_id))
                     return
-                if record.lease_until < time.time():
-                    if takeover is None:
-                        sub.end(RunOrphaned(run_id))
-                        return
-                    try:
-                        source = await takeover()
-                    except RoundtableError as exc:
-                        # E.g. Draining, TooManyRuns, ThreadBusy: the stream ends with it.
-                        sub.end(exc)
-                        return
-                    await self._forward(source, sub, seen)
+                try:
+                    source = await takeover()
+                except RoundtableError as exc:
+                    # E.g. Draining, TooManyRuns, ThreadBusy: the stream ends with it.
+                    sub.end(exc)
                     return
+                await self._forward(source, sub, seen)
+                return
             await asyncio.sleep(self.follow_poll_s)
 
     @staticmethod

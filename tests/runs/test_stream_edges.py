@@ -1,0 +1,283 @@
+"""Streams at the edges of a run's life, as a gateway sees them: a reader the server cut
+off, a follower of a run another replica executes (its end, a resumed run's earlier end),
+StreamRun's after_seq on a live run, a resumed run followed from its start, and a stream
+whose run stops before its end (a drain that times out, a lease taken over). Found by
+review; each failed before its fix."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+
+import grpc
+import psycopg
+import pytest
+from roundtable.store.base import RunRecord, RunStatus, StoredEvent
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, kinds, member, model_ref, start_request
+from support.scripted import ScriptedProvider
+
+
+class SlowBig(ScriptedProvider):
+    async def complete(self, target, call, *, api_key, on_text):
+        from support.scripted import member_name
+
+        await asyncio.sleep(5.0 if member_name(call) == "F" else 0)
+        return await super().complete(target, call, api_key=api_key, on_text=on_text)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_overflow_does_not_cancel_the_run(start_server):
+    big = SlowBig(reply=lambda call, attempt: "word " * 400_000)
+    roster = [member(m, m.upper(), model=model_ref("scripted", "big")) for m in "abcdef"]
+    options = pb.RunOptions(stream_deltas=False, disconnect_policy=pb.DISCONNECT_POLICY_CANCEL)
+    request = start_request("@all talk", members=roster, run_id="ov-1", options=options)
+    async with (
+        start_server(providers={"scripted": big}, stream_buffer_events=2) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        call = stub.StartRun(request)
+        await asyncio.sleep(2.0)  # a slow reader: the server-side buffer overflows
+        received = []
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for response in call:
+                received.append(response.event)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        last = received[-1].seq if received else 0
+        rest = await collect(  # re-attach, as the error says
+            stub.StreamRun(pb.StreamRunRequest(run_id="ov-1", tenant="tenant-1", after_seq=last))
+        )
+    tail = kinds(rest)[-1]
+    cancelled = [e.run_cancelled.reason for e in rest if e.WhichOneof("payload") == "run_cancelled"]
+    assert tail == "run_completed", f"the run ended {tail} {cancelled}"
+
+
+def ev(seq: int, run_id: str = "f-1", **payload) -> StoredEvent:
+    e = epb.RunEvent(run_id=run_id, seq=seq, **payload)
+    return StoredEvent(seq, e.WhichOneof("payload"), e.SerializeToString())
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_follower_delivers_the_terminal_event(server, stub, monkeypatch):
+    store = server.store
+    now = time.time()
+    # A run that replica "other" executes (live lease), with its first event in the log.
+    record = RunRecord(
+        tenant="tenant-1",
+        run_id="f-1",
+        thread_id="t-f",
+        fingerprint="x3:0",
+        status=RunStatus.RUNNING,
+        created_at=now,
+        updated_at=now,
+        owner="other-replica",
+        lease_until=now + 60,
+    )
+    assert await store.create_run(record)
+    await store.append_event("tenant-1", "f-1", ev(1, run_started=epb.RunStarted(thread_id="t-f")))
+
+    real_get_run = store.get_run
+    calls = {"n": 0}
+
+    async def get_run(tenant, run_id):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the pump's first registry read, right after an empty log read
+            # Meanwhile the other replica logs its terminal event and finishes the run.
+            await store.append_event("tenant-1", "f-1", ev(2, run_completed=epb.RunCompleted()))
+            record.status, record.last_seq = RunStatus.SUCCEEDED, 2
+            assert await store.finish_run(record, "other-replica")
+        return await real_get_run(tenant, run_id)
+
+    monkeypatch.setattr(store, "get_run", get_run)
+    events = await collect(stub.StreamRun(pb.StreamRunRequest(run_id="f-1", tenant="tenant-1")))
+    got = [(e.seq, e.WhichOneof("payload")) for e in events]
+    assert got == [(1, "run_started"), (2, "run_completed")], got
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_follower_of_a_resumed_run_follows_to_its_real_end(server, stub):
+    store = server.store
+    now = time.time()
+    record = RunRecord(
+        tenant="tenant-1",
+        run_id="fr-1",
+        thread_id="t-fr",
+        fingerprint="x3:0",
+        status=RunStatus.RUNNING,
+        created_at=now,
+        updated_at=now,
+        owner="other-replica",
+        lease_until=now + 60,
+    )
+    assert await store.create_run(record)
+    # Execution 1 was cancelled; execution 2 (a resume, on the other replica) is live.
+    for e in (
+        ev(1, "fr-1", run_started=epb.RunStarted(thread_id="t-fr")),
+        ev(2, "fr-1", run_cancelled=epb.RunCancelled(reason="cancel_requested")),
+        ev(3, "fr-1", run_started=epb.RunStarted(thread_id="t-fr", resumed=True)),
+    ):
+        await store.append_event("tenant-1", "fr-1", e)
+
+    async def other_replica_finishes():
+        await asyncio.sleep(0.3)
+        await store.append_event(
+            "tenant-1", "fr-1", ev(4, "fr-1", run_completed=epb.RunCompleted())
+        )
+        record.status, record.last_seq = RunStatus.SUCCEEDED, 4
+        await store.finish_run(record, "other-replica")
+
+    finisher = asyncio.create_task(other_replica_finishes())
+    events = await asyncio.wait_for(
+        collect(stub.StreamRun(pb.StreamRunRequest(run_id="fr-1", tenant="tenant-1"))), 10
+    )
+    await finisher
+    got = [(e.seq, k) for e, k in zip(events, kinds(events), strict=True)]
+    assert got[-1] == (4, "run_completed"), f"StreamRun ended early: {got}"
+
+
+SLOW = spb.ModelRef(
+    target=spb.ModelTarget(provider="offline", model="slow", base_url="offline:?token_delay_ms=15")
+)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_live_stream_respects_after_seq(server, stub):
+    roster = [
+        member(c, n, model=SLOW) for c, n in zip("abcd", ["Al", "Bo", "Cy", "Di"], strict=True)
+    ]
+    request = start_request("@all hi", members=roster, run_id="as-1", thread_id="t-as")
+    call = stub.StartRun(request)
+    async for r in call:
+        if r.event.WhichOneof("payload") == "speaker_started":
+            break
+    try:
+        got = await collect(
+            stub.StreamRun(pb.StreamRunRequest(run_id="as-1", tenant="tenant-1", after_seq=50))
+        )
+        code = grpc.StatusCode.OK
+    except grpc.aio.AioRpcError as err:
+        got, code = [], err.code()
+    await collect(call)
+    bad = sorted({e.seq for e in got if e.seq <= 50})
+    assert not bad, f"status {code}; events with seq <= after_seq=50 delivered: {bad}"
+
+
+def slow_request(**kw):
+    roster = [
+        member(c, n, f"Member {n}.", model=SLOW)
+        for c, n in zip("abcd", ["Al", "Bo", "Cy", "Di"], strict=True)
+    ]
+    return start_request("@all how was your day?", members=roster, **kw)
+
+
+async def read_until(call, pred):
+    out = []
+    async for r in call:
+        out.append(r.event)
+        if pred(r.event):
+            return out
+    raise AssertionError("ended early")
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_stream_run_on_live_resumed_run_delivers_each_event_once(server, stub, monkeypatch):
+    store = server.store
+    request = slow_request(run_id="dup-1", thread_id="t-dup")
+    # Execution 1: cancelled after its first speaker started.
+    call = stub.StartRun(request)
+    await read_until(call, lambda e: e.WhichOneof("payload") == "speaker_started")
+    await stub.CancelRun(pb.CancelRunRequest(run_id="dup-1", tenant="tenant-1"))
+    first = await collect(call)
+    last = first[-1].seq
+    assert first[-1].WhichOneof("payload") == "run_cancelled"
+
+    committed = asyncio.Event()
+    real_append = store.append_event
+
+    async def append_then_slow_reply(tenant, run_id, event: StoredEvent):
+        mark = await real_append(tenant, run_id, event)
+        if event.seq == last + 2 and not committed.is_set():
+            # The row is committed; the reply is still on its way back over the network.
+            committed.set()
+            await asyncio.sleep(0.3)
+        return mark
+
+    monkeypatch.setattr(store, "append_event", append_then_slow_reply)
+    # Execution 2 (resume), followed by a StreamRun from the start while it is live.
+    resumed = asyncio.create_task(collect(stub.StartRun(request)))
+    await asyncio.wait_for(committed.wait(), 10)
+    streamed = await collect(stub.StreamRun(pb.StreamRunRequest(run_id="dup-1", tenant="tenant-1")))
+    await resumed
+
+    durable = [e.seq for e in streamed if e.WhichOneof("payload") != "assistant_delta"]
+    dupes = {s: n for s, n in Counter(durable).items() if n > 1}
+    assert not dupes, f"durable events delivered more than once (seq: count): {dupes}"
+    assert durable == list(range(1, durable[-1] + 1))
+
+
+TERMINAL = {"run_completed", "run_cancelled", "run_failed"}
+VERY_SLOW = spb.ModelRef(
+    target=spb.ModelTarget(provider="offline", model="slow", base_url="offline:?token_delay_ms=300")
+)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_stream_during_drain(start_server):
+    roster = [member(c, n, model=VERY_SLOW) for c, n in zip("ab", ["Al", "Bo"], strict=True)]
+    request = start_request("@all hi", members=roster, run_id="dr-1", thread_id="t-dr")
+    stack = contextlib.AsyncExitStack()
+    server = await stack.enter_async_context(start_server(grace_seconds=0.2))
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        call = pb_grpc.OrchestratorServiceStub(channel).StartRun(request)
+        events = []
+        async for r in call:
+            events.append(r.event)
+            if r.event.WhichOneof("payload") == "speaker_started":
+                break
+        stopping = asyncio.create_task(stack.aclose())  # SIGTERM: drain, then stop
+        try:
+            async for r in call:
+                events.append(r.event)
+        except grpc.aio.AioRpcError:
+            pass
+        code = await call.code()
+        await stopping
+    assert code == grpc.StatusCode.UNAVAILABLE, kinds(events)
+    assert not set(kinds(events)) & TERMINAL
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_stream_of_a_run_whose_lease_was_taken_over(start_server, store_url):
+    roster = [
+        member(c, n, model=SLOW) for c, n in zip("abcd", ["Al", "Bo", "Cy", "Di"], strict=True)
+    ]
+    request = start_request("@all hi", members=roster, run_id="ll-1", thread_id="t-ll")
+    async with (
+        start_server(lease_seconds=0.6) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        call = stub.StartRun(request)
+        events = []
+        async for r in call:
+            events.append(r.event)
+            if r.event.WhichOneof("payload") == "speaker_started":
+                # Another replica takes the run over (as after a long pause of this one).
+                with psycopg.connect(store_url, autocommit=True) as conn:
+                    conn.execute(
+                        "UPDATE rt_runs SET owner='replica-b', lease_until=%s WHERE run_id='ll-1'",
+                        (time.time() + 60,),
+                    )
+                break
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for r in call:
+                events.append(r.event)
+    # Not a stream that ended OK without its run's end: told to send the same StartRun.
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, kinds(events)
+    assert not set(kinds(events)) & TERMINAL
