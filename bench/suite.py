@@ -1341,20 +1341,20 @@ async def _b6_rep(work: Path, rep: int, *args: str) -> dict[str, Any]:
     try:
         async with b.channel() as channel:
             stub = b.stub(channel)
-            b_events = []
+            arrivals: list[tuple[float, Any]] = []
             t0 = time.perf_counter()
-            first = first_speaker = None
             async for response in stub.StartRun(request):
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                e = response.event
-                if first_speaker is None and kind_of(e) == "speaker_started":
-                    first_speaker = now
-                b_events.append(e)
+                arrivals.append((time.perf_counter(), response.event))
             total = time.perf_counter() - t0
     finally:
         await b.stop()
+    # The stream is the run's log from seq 1 (A's events), then B's execution: its first
+    # new event is B's run_started.
+    starts = [i for i, (_, e) in enumerate(arrivals) if kind_of(e) == "run_started"]
+    new_part = arrivals[starts[-1] :] if starts else arrivals
+    first = new_part[0][0] if new_part else None
+    first_speaker = next((t for t, e in new_part if kind_of(e) == "speaker_started"), None)
+    b_events = [e for _, e in new_part]
     b_steps = [e.assistant_final.step for e in b_events if kind_of(e) == "assistant_final"]
     dispatch_calls = sum(
         1 for r in b.audit() if r.get("caller_node") == "dispatch" and r.get("status") == "success"
@@ -1407,8 +1407,9 @@ async def bench_b6(cfg: Config, work: Path) -> dict[str, Any]:
         "notes": (
             "Process A runs a 16-member count-off (offline latency_ms=30 per speaker) and is "
             "SIGKILLed when the client receives step 7's assistant_final (speaker 8). Process "
-            "B (new, same database) gets the same StartRun: time to its first event "
-            "(run_started, resumed) and to its first speaker_started, from the call. Model "
+            "B (new, same database) gets the same StartRun, whose stream replays A's log first: "
+            "time to its first new event (run_started, resumed) and to its first "
+            "speaker_started, from the call. Model "
             "calls for speakers 1-8 = B's audit records caller_node=dispatch, status=success "
             "minus B's finals for steps >= 8. The default durability ('exit') leaves no "
             "checkpoint until the run ends: resume rests on the event log alone. async_*: "

@@ -156,8 +156,19 @@ func (t *Turn) attach(ctx context.Context) error {
 			return r.GetEvent(), err
 		}
 	}
+	var stop *time.Timer // armed while the last event handled is a terminal one
+	defer func() {
+		if stop != nil {
+			stop.Stop()
+		}
+	}()
 	for {
 		ev, err := recv()
+		if t.terminal != "" && err != nil {
+			// The stream ended after the run's last terminal event (or the wait for more
+			// was cut short): the turn is over.
+			return nil
+		}
 		if errors.Is(err, io.EOF) {
 			return errEndedEarly
 		}
@@ -167,15 +178,15 @@ func (t *Turn) attach(ctx context.Context) error {
 		if err := t.handle(ev); err != nil {
 			return err
 		}
-		if t.terminal != "" {
-			// The server ends the stream after the terminal event: read to its end so
-			// the RPC finishes with OK rather than being cancelled (bounded, to be safe).
-			stop := time.AfterFunc(2*time.Second, cancel)
-			defer stop.Stop()
-			for err == nil {
-				_, err = recv()
-			}
-			return nil
+		switch {
+		case t.terminal != "" && stop == nil:
+			// A terminal event ends the turn unless a later execution follows it (a run
+			// stopped and resumed holds both in its log); the server ends the stream after
+			// the last, so read to its end, bounded to be safe.
+			stop = time.AfterFunc(2*time.Second, cancel)
+		case t.terminal == "" && stop != nil:
+			stop.Stop() // a resumed execution's run_started: the run goes on
+			stop = nil
 		}
 		if t.DropAfter > 0 && !t.dropped && t.handled >= t.DropAfter {
 			t.dropped = true
@@ -228,6 +239,7 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 	switch p := ev.GetPayload().(type) {
 	case *roundtablev1.RunEvent_RunStarted:
 		t.resumed = t.resumed || p.RunStarted.GetResumed()
+		t.terminal, t.terminalMsg = "", "" // an earlier execution's end was not the run's
 		note := ""
 		if p.RunStarted.GetResumed() {
 			note = " (resumed)"

@@ -15,7 +15,15 @@ import pytest
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
-from support.builders import collect, finals, member, of_kind, start_request
+from support.builders import (
+    collect,
+    durable_seqs,
+    finals,
+    last_execution,
+    member,
+    of_kind,
+    start_request,
+)
 from support.process import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -78,7 +86,11 @@ async def resume_on_b(tmp_path: Path, request) -> tuple[ServerProcess, list[epb.
                 pb.GetRunRequest(run_id=request.context.run_id, tenant="tenant-1")
             )
         assert before.run.status == pb.RUN_STATUS_INTERRUPTED, "restart marks the dead run"
-        return b, events, after.run.status
+        # The stream is the whole log from seq 1 (A's part too, even what A committed and
+        # never sent), then B's execution: that is what the tests look at.
+        seqs = durable_seqs(events)
+        assert seqs == list(range(1, len(seqs) + 1)), "every seq once, in order"
+        return b, last_execution(events), after.run.status
     finally:
         await b.stop()
 

@@ -20,7 +20,16 @@ import pytest
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
-from support.builders import collect, finals, kinds, member, of_kind, start_request
+from support.builders import (
+    collect,
+    durable_seqs,
+    finals,
+    kinds,
+    last_execution,
+    member,
+    of_kind,
+    start_request,
+)
 from support.process import ServerProcess
 from support.stores import drop_schema, new_schema, postgres_dsn
 
@@ -136,10 +145,13 @@ async def test_b_resumes_what_a_left_after_its_lease_expires(
         await asyncio.sleep(float(LEASE) + 0.5)
         async with b.channel() as channel:
             stub = b.stub(channel)
-            b_events = await collect(stub.StartRun(request))
+            stream = await collect(stub.StartRun(request))
             status = (
                 await stub.GetRun(pb.GetRunRequest(run_id="rep-1", tenant="tenant-1"))
             ).run.status
+        seqs = durable_seqs(stream)
+        assert seqs == list(range(1, len(seqs) + 1)), "A's log from seq 1, then B's execution"
+        b_events = last_execution(stream)
         assert b_events[0].run_started.resumed
         assert [f.step for f in finals(b_events)] == [3, 4, 5]
         both = Counter(f.reply_id for f in finals(a_events + b_events))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from roundtable.v1 import orchestrator_service_pb2 as pb
 from support.process import ServerProcess
 
 pytestmark = [pytest.mark.go, pytest.mark.e2e]
@@ -331,6 +332,48 @@ async def test_a_cut_connection_is_reattached_and_loses_nothing(
     assert rough["replies"] == calm["replies"]
     assert all(r["persisted"] for r in rough["replies"]) and rough["duplicate_finals"] == 0
     assert_each_reply_stored_once(tmp_path / "rough.json", "cut-1", rough["replies"])
+
+
+async def test_a_cancelled_run_retried_resumes_and_its_replay_ends_at_the_last_end(
+    gateway_binary: Path, sidecars, tmp_path: Path
+) -> None:
+    """A run stopped after its first reply, retried by the gateway (the same run_id:
+    Roundtable resumes it), then retried once more (a replay). Both streams carry the whole
+    log: the first execution ending in run_cancelled, then the resumed one; the gateway
+    reads on past the first terminal event and persists every reply once."""
+    server = await sidecars("rt")
+    db = tmp_path / "gateway.json"
+    args = ("-run-id", "res-1", "-thread-id", "res-thread", "-text", "@all tell me about your day")
+    cancels: list[asyncio.Task[Any]] = []
+
+    async def cancel() -> None:
+        async with server.channel() as channel:
+            await server.stub(channel).CancelRun(pb.CancelRunRequest(run_id="res-1", tenant="demo"))
+
+    def cancel_after_first_reply(line: str) -> None:
+        if "✓ persisted res-1#0" in line and not cancels:
+            cancels.append(asyncio.get_running_loop().create_task(cancel()))
+
+    first = (
+        await run_gateway(gateway_binary, server, db, *args, on_line=cancel_after_first_reply)
+    ).summary
+    await asyncio.gather(*cancels)
+    assert first["status"] == "cancelled" and 1 <= len(first["replies"]) < 4
+
+    retried = await run_gateway(gateway_binary, server, db, *args)
+    second = retried.summary
+    assert second["status"] == "completed", retried.stdout
+    assert second["retried_run"] and second["resumed"] and not second["reattached"]
+    assert [r["member_id"] for r in second["replies"]] == ROSTER
+    assert second["duplicate_finals"] == len(first["replies"]), "the first execution's replies"
+    assert "── cancelled" in retried.stdout and "── run started (resumed)" in retried.stdout
+    assert_each_reply_stored_once(db, "res-1", second["replies"])
+
+    replay = (await run_gateway(gateway_binary, server, db, *args)).summary
+    assert replay["status"] == "completed" and replay["last_seq"] == second["last_seq"]
+    assert [r["reply_id"] for r in replay["replies"]] == [r["reply_id"] for r in second["replies"]]
+    assert not any(r["persisted"] for r in replay["replies"]) and replay["duplicate_finals"] == 4
+    assert_each_reply_stored_once(db, "res-1", second["replies"])
 
 
 async def test_go_unit_tests_pass() -> None:

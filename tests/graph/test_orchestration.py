@@ -16,7 +16,16 @@ from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
-from support.builders import collect, finals, kinds, member, model_ref, of_kind, start_request
+from support.builders import (
+    collect,
+    finals,
+    kinds,
+    last_execution,
+    member,
+    model_ref,
+    of_kind,
+    start_request,
+)
 from support.scripted import ScriptedProvider, persona_obeying_reply
 
 COUNT_OFF_PHRASES = ("报数", "大家报数！", "count off, please")
@@ -277,8 +286,13 @@ async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server, 
         if checkpoint == "lost":
             thread = checkpoint_thread("tenant-1", "verdict-1")
             await server.store.checkpointer.adelete_thread(thread)
-        resumed = await collect(stub.StartRun(request))
+        stream = await collect(stub.StartRun(request))
 
+    # The resume's stream is the run's log from seq 1, then the second execution.
+    resumed = last_execution(stream)
+    assert stream[: len(stream) - len(resumed)] == [
+        e for e in first if e.WhichOneof("payload") != "assistant_delta"
+    ]
     assert [f.member_id for f in finals(first)] == ["b", "c"], "the round's speakers finish"
     assert kinds(first)[-1] == "run_cancelled"
     (round_1,) = [e.plan_created for e in of_kind(first, "plan_created")]

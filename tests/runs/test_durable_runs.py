@@ -15,7 +15,15 @@ from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
-from support.builders import collect, finals, kinds, member, of_kind, start_request
+from support.builders import (
+    collect,
+    finals,
+    kinds,
+    last_execution,
+    member,
+    of_kind,
+    start_request,
+)
 
 SLOW = spb.ModelRef(
     target=spb.ModelTarget(provider="offline", model="slow", base_url="offline:?token_delay_ms=15")
@@ -121,7 +129,11 @@ async def test_immediate_cancel_drops_the_partial_reply_and_resume_redoes_it(stu
     assert [s.reply_id for s in cancelled.steps_left] == ["now-1#1", "now-1#2", "now-1#3"]
 
     # The same StartRun again resumes: no new plan, speaker 2 speaks again, 1 is not repeated.
-    second = await collect(stub.StartRun(request))
+    # Its stream is the run's log from seq 1: the first execution, then the second.
+    stream = await collect(stub.StartRun(request))
+    second = last_execution(stream)
+    durable_first = [e for e in first if e.WhichOneof("payload") != "assistant_delta"]
+    assert stream[: len(stream) - len(second)] == durable_first
     assert second[0].run_started.resumed
     assert not of_kind(second, "plan_created")
     assert [e.speaker_started.step for e in of_kind(second, "speaker_started")] == [1, 2, 3]
@@ -129,6 +141,19 @@ async def test_immediate_cancel_drops_the_partial_reply_and_resume_redoes_it(stu
     assert both == Counter({f"now-1#{i}": 1 for i in range(4)})
     assert second[0].seq == first[-1].seq + 1, "seq goes on across executions"
     assert await get_status(stub, "now-1") == pb.RUN_STATUS_SUCCEEDED
+
+    # Once more, it replays the same log: each execution from its run_started to its
+    # terminal event, the stream ending after the last one.
+    replay = await collect(stub.StartRun(request))
+    assert replay == [e for e in stream if e.WhichOneof("payload") != "assistant_delta"]
+    edges = {"run_started", "run_cancelled", "run_completed"}
+    assert [k for k in kinds(replay) if k in edges] == [
+        "run_started",
+        "run_cancelled",
+        "run_started",
+        "run_completed",
+    ]
+    assert [e.run_started.resumed for e in of_kind(replay, "run_started")] == [False, True]
 
 
 async def test_stream_run_after_a_dropped_connection_delivers_everything_once(server) -> None:
@@ -269,7 +294,9 @@ async def test_a_continue_turn_that_died_before_its_plan_resumes_with_the_steps_
         assert await server.store.claim_continuation("tenant-1", "cw-a", "cw-b")
 
     # The gateway retries B: it resumes and still continues A, with A's reply ids.
-    resumed = await collect(stub.StartRun(request))
+    stream = await collect(stub.StartRun(request))
+    assert stream[0] == started, "the stream starts at seq 1, the dead execution's event"
+    resumed = last_execution(stream)
     assert resumed[0].run_started.resumed
     plan = of_kind(resumed, "plan_created")[0].plan_created
     assert plan.source == epb.PLAN_SOURCE_CONTINUED and plan.continued_run_id == "cw-a"

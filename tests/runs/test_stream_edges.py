@@ -281,3 +281,32 @@ async def test_stream_of_a_run_whose_lease_was_taken_over(start_server, store_ur
     # Not a stream that ended OK without its run's end: told to send the same StartRun.
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, kinds(events)
     assert not set(kinds(events)) & TERMINAL
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_start_run_attaching_to_a_live_resumed_run_streams_its_whole_log(server, stub):
+    request = slow_request(run_id="at-1", thread_id="t-at")
+    call = stub.StartRun(request)
+    first = await read_until(call, lambda e: e.WhichOneof("payload") == "speaker_started")
+    await stub.CancelRun(pb.CancelRunRequest(run_id="at-1", tenant="tenant-1"))
+    first += await collect(call)
+
+    # The resume runs; the same StartRun again attaches to it while it is live. Both
+    # streams, like a follower on another replica or a replay once it ends, are the
+    # run's log from seq 1: the first execution, then the second.
+    resuming = stub.StartRun(request)
+    second = await read_until(resuming, lambda e: e.WhichOneof("payload") == "speaker_started")
+    attached = await collect(stub.StartRun(request))
+    second += await collect(resuming)
+
+    def durable(events):
+        return [e for e in events if e.WhichOneof("payload") != "assistant_delta"]
+
+    assert durable(second)[: len(durable(first))] == durable(first)
+    assert durable(attached) == durable(second)
+    assert [k for k in kinds(attached) if k in TERMINAL | {"run_started"}] == [
+        "run_started",
+        "run_cancelled",
+        "run_started",
+        "run_completed",
+    ]

@@ -18,7 +18,7 @@ from roundtable.store.checkpoints import BoundarySaver
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
-from support.builders import collect, finals, member, of_kind, start_request
+from support.builders import collect, finals, last_execution, member, of_kind, start_request
 
 SLOW = spb.ModelRef(
     target=spb.ModelTarget(provider="offline", model="slow", base_url="offline:?token_delay_ms=15")
@@ -112,7 +112,7 @@ async def test_a_stopped_run_keeps_the_checkpoint_it_resumes_from(start_server) 
 
         # The same StartRun resumes from it: no second plan, nobody speaks twice; and the
         # completed resume adds no checkpoint of its own.
-        second = await collect(stub.StartRun(request))
+        second = last_execution(await collect(stub.StartRun(request)))
         assert checkpoint_thread("acme", "ck-stop") in reads, "a resume reads its checkpoint"
         assert second[0].run_started.resumed and not of_kind(second, "plan_created")
         done = [f.reply_id for f in finals(first + second)]

@@ -95,3 +95,15 @@ def finals(events: Iterable[epb.RunEvent]) -> list[epb.AssistantFinal]:
 def kinds(events: Iterable[epb.RunEvent]) -> list[str]:
     """Payload names (deltas left out), in order."""
     return [k for e in events if (k := e.WhichOneof("payload") or "") != "assistant_delta"]
+
+
+def last_execution(events: Sequence[epb.RunEvent]) -> list[epb.RunEvent]:
+    """The stream's events from its last run_started on: what the last execution of the
+    run did (StartRun streams a resumed run from seq 1, earlier executions first)."""
+    starts = [i for i, e in enumerate(events) if e.WhichOneof("payload") == "run_started"]
+    return list(events[starts[-1] :]) if starts else list(events)
+
+
+def durable_seqs(events: Iterable[epb.RunEvent]) -> list[int]:
+    """The seq of every event but a delta, in order."""
+    return [e.seq for e in events if e.WhichOneof("payload") != "assistant_delta"]

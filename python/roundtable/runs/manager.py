@@ -214,7 +214,8 @@ class RunManager:
             live = self._live.get(key)
             if live is not None:
                 self._check_fingerprint(live.record, request, legacy_fingerprint)
-                return live.subscribe(0)
+                # As a follower or a replay would: the whole log, earlier executions too.
+                return await self._subscribe(live, after_seq=0)
             record = await self.store.get_run(ctx.tenant, ctx.run_id)
             if record is not None:
                 self._check_fingerprint(record, request, legacy_fingerprint)
@@ -302,7 +303,9 @@ class RunManager:
                 live.progress.observe(event)
             self._live[key] = live
             self._threads.setdefault(live.thread_key, []).append(live)
-            subscription = live.subscribe(record.last_seq)
+            # Every StartRun streams the run from seq 1: a resume hands on the earlier
+            # executions' events first, so a gateway that lost them loses nothing.
+            subscription = live.subscribe(0, head=prior_events)
             launch = Launch(
                 credentials=credentials,
                 directive=directive,
@@ -760,13 +763,7 @@ class RunManager:
         """
         live = self._live.get((tenant, run_id))
         if live is not None:
-            first_in_memory = live.backlog[0].seq if live.backlog else live.record.last_seq + 1
-            head: list[epb.RunEvent] = []
-            if after_seq + 1 < first_in_memory:
-                # Events of an earlier execution of the run are in the log, not in memory.
-                stored = await self.store.read_events(tenant, run_id, after_seq)
-                head = [epb.RunEvent.FromString(e.body) for e in stored]
-            return live.subscribe(after_seq, head=head)
+            return await self._subscribe(live, after_seq=after_seq)
         record = await self.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
@@ -781,6 +778,18 @@ class RunManager:
             raise StreamGap(f"the event log of run {run_id!r} is missing events")
         events = [epb.RunEvent.FromString(e.body) for e in stored if e.seq > after_seq]
         return Subscription(events, ended=True)
+
+    async def _subscribe(self, live: LiveRun, *, after_seq: int) -> Subscription:
+        """A stream of a run this process executes: durable events after `after_seq`, then
+        the live ones."""
+        first_in_memory = live.backlog[0].seq if live.backlog else live.record.last_seq + 1
+        head: list[epb.RunEvent] = []
+        if after_seq + 1 < first_in_memory:
+            # Events of an earlier execution of the run are in the log, not in memory.
+            record = live.record
+            stored = await self.store.read_events(record.tenant, record.run_id, after_seq)
+            head = [epb.RunEvent.FromString(e.body) for e in stored]
+        return live.subscribe(after_seq, head=head)
 
     def unsubscribe(self, tenant: str, run_id: str, sub: Subscription) -> None:
         """Detaches a stream whose client went away."""

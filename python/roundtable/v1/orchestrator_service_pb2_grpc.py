@@ -97,12 +97,16 @@ class OrchestratorServiceServicer:
 
     def StartRun(self, request, context):
         """StartRun runs one user turn and streams its events, from run_started to
-        exactly one terminal event (run_completed, run_cancelled or run_failed).
+        the run's terminal event (run_completed, run_cancelled or run_failed).
 
         Idempotent on (tenant, run_id): the same run_id with the same snapshot
         attaches to the live run, resumes an interrupted or cancelled one
         (finished speakers are not repeated), or replays a finished one from the
-        event log with the same seq numbers. The same run_id with a different
+        event log with the same seq numbers. Whichever it does, the stream is the
+        run's log from seq 1, then its live events: a run that was stopped and
+        resumed holds each execution, from its run_started to its terminal event
+        (the resumed one's run_started has resumed = true), and the stream ends
+        after the last one. The same run_id with a different
         snapshot is ALREADY_EXISTS. Errors: INVALID_ARGUMENT, ALREADY_EXISTS,
         FAILED_PRECONDITION (busy thread with policy REJECT), RESOURCE_EXHAUSTED,
         UNAVAILABLE.
@@ -113,7 +117,8 @@ class OrchestratorServiceServicer:
 
     def StreamRun(self, request, context):
         """StreamRun re-attaches to a run: it replays the durable events with seq
-        greater than after_seq, then follows the live ones to the terminal event.
+        greater than after_seq, then follows the live ones to the run's terminal
+        event (the last one, when earlier executions of a resumed run ended too).
         Errors: NOT_FOUND; FAILED_PRECONDITION when events after after_seq are no
         longer available (never a silent gap).
         """

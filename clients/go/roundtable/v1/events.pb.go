@@ -338,7 +338,9 @@ func (MemoryAction) EnumDescriptor() ([]byte, []int) {
 // the same every time the event is delivered (live, replayed or re-attached).
 // Every event except `assistant_delta` is written to Roundtable's event log
 // before it is sent, so a gateway can always re-attach with
-// StreamRun(after_seq = the last seq it handled) and lose nothing.
+// StreamRun(after_seq = the last seq it handled) and lose nothing. A run that
+// was stopped and resumed has one execution after another in its log, each
+// from run_started to a terminal event; only the last terminal event ends it.
 type RunEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run this event belongs to.
