@@ -70,6 +70,19 @@ async def test_checkpoints_of_a_completed_turn(start_server, durability, text, e
         assert replies in ([], [f"ck-1#{i}" for i in range(4)])
         # Nothing of the snapshot or the context is in a checkpoint: only progress.
         assert "snapshot" not in values and "credentials" not in str(checkpoint.metadata)
+        # Plain data only, so a strict serializer (LANGGRAPH_STRICT_MSGPACK) reads it back.
+        assert not_plain(values) == []
+
+
+def not_plain(value: Any, path: str = "") -> list[str]:
+    """Where a value holds anything but JSON-like builtins (an enum, a dataclass...)."""
+    if type(value) in (str, int, float, bool, type(None)):
+        return []
+    if type(value) is list:
+        return [p for i, v in enumerate(value) for p in not_plain(v, f"{path}[{i}]")]
+    if type(value) is dict:
+        return [p for k, v in value.items() for p in not_plain(v, f"{path}.{k}")]
+    return [f"{path}: {type(value).__qualname__}"]
 
 
 def count_reads(server: Any) -> list[str]:

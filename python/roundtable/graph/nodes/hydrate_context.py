@@ -42,7 +42,8 @@ async def hydrate_context(
     # run resumed without its checkpoint reports only those of its new calls.)
     usage = prior.usage_of(r["reply_id"] for r in replies)
     state = ConversationState(
-        route=Route.SINGLE if snapshot.session.kind is SessionKind.SINGLE else Route.GROUP,
+        # A plain str, as every state value (the checkpoint serializer needs no allow-list).
+        route=(Route.SINGLE if snapshot.session.kind is SessionKind.SINGLE else Route.GROUP).value,
         round=prior.rounds,
         converged=converged,
         input_tokens=usage.input_tokens,
