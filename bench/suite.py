@@ -216,7 +216,9 @@ class MemoryRunStore:
     async def update_run(self, record: Any) -> None:
         self.runs[(record.tenant, record.run_id)] = dataclasses.replace(record)
 
-    async def append_event(self, tenant: str, run_id: str, event: Any) -> None:
+    async def append_event(
+        self, tenant: str, run_id: str, event: Any, *, owner: str | None = None
+    ) -> None:
         self.events.setdefault((tenant, run_id), []).append(event)
 
     async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[Any]:

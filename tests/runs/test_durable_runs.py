@@ -388,8 +388,8 @@ async def test_an_immediate_cancel_during_a_committed_append_loses_no_event(
     committed = asyncio.Event()
     real_append = store.append_event
 
-    async def append_then_wait(tenant: str, run_id: str, event: StoredEvent):
-        mark = await real_append(tenant, run_id, event)
+    async def append_then_wait(tenant: str, run_id: str, event: StoredEvent, **kw):
+        mark = await real_append(tenant, run_id, event, **kw)
         if event.kind == "plan_created":
             committed.set()
             await asyncio.sleep(0.5)  # the reply is on its way back when the cancel lands

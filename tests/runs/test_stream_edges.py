@@ -200,8 +200,8 @@ async def test_stream_run_on_live_resumed_run_delivers_each_event_once(server, s
     committed = asyncio.Event()
     real_append = store.append_event
 
-    async def append_then_slow_reply(tenant, run_id, event: StoredEvent):
-        mark = await real_append(tenant, run_id, event)
+    async def append_then_slow_reply(tenant, run_id, event: StoredEvent, **kw):
+        mark = await real_append(tenant, run_id, event, **kw)
         if event.seq == last + 2 and not committed.is_set():
             # The row is committed; the reply is still on its way back over the network.
             committed.set()
@@ -281,6 +281,36 @@ async def test_stream_of_a_run_whose_lease_was_taken_over(start_server, store_ur
     # Not a stream that ended OK without its run's end: told to send the same StartRun.
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, kinds(events)
     assert not set(kinds(events)) & TERMINAL
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)
+async def test_a_replica_whose_run_was_taken_over_writes_nothing_more(start_server, store_url):
+    """Its lease (60 s) is still being renewed as far as it knows: only the fence on the
+    event log's append stops it, at its next event."""
+    request = slow_request(run_id="fx-1", thread_id="t-fx")
+    async with (
+        start_server(lease_seconds=60) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        call = pb_grpc.OrchestratorServiceStub(channel).StartRun(request)
+        events = await read_until(call, lambda e: e.WhichOneof("payload") == "speaker_started")
+        with psycopg.connect(store_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE rt_runs SET owner='replica-b', lease_until=%s WHERE run_id='fx-1'",
+                (time.time() + 60,),
+            )
+            taken_at = conn.execute("SELECT max(seq) FROM rt_events WHERE run_id='fx-1'")
+            last_seq = taken_at.fetchone()[0]
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for r in call:
+                events.append(r.event)
+        with psycopg.connect(store_url, autocommit=True) as conn:
+            after = conn.execute("SELECT max(seq) FROM rt_events WHERE run_id='fx-1'").fetchone()
+            row = conn.execute("SELECT owner, status FROM rt_runs WHERE run_id='fx-1'").fetchone()
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, kinds(events)
+    assert after[0] == last_seq, "nothing appended to the log of a run another replica owns"
+    assert row == ("replica-b", "running"), "nor its registry row written"
+    assert max(e.seq for e in events) == last_seq
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 import psycopg
-from roundtable.store.base import CancelMark, RunRecord, RunStatus, StoredEvent
+import pytest
+from roundtable.store.base import CancelMark, LeaseLost, RunRecord, RunStatus, StoredEvent
 from roundtable.store.postgres import PostgresRunStore
 from roundtable.store.sqlite import SqliteRunStore
 from support.stores import drop_schema, new_schema, postgres_dsn
@@ -206,3 +207,25 @@ async def test_a_shared_store_answers_the_cancel_recorded_on_the_run_with_each_a
     else:
         assert mark is None, "a SQLite file has one process: cancels never go through the row"
     assert [e.seq for e in await store.read_events("acme", "r", 0)] == [1, 2]
+
+
+async def test_an_append_by_a_replica_that_lost_the_run_is_refused(server) -> None:
+    store = server.store
+    now = time.time()
+    run = record("r", RunStatus.RUNNING, lease_until=now - 1)  # replica-x's lease ran out
+    assert await store.create_run(run)
+    await store.append_event("acme", "r", StoredEvent(1, "run_started", b"x1"), owner="replica-x")
+    assert await store.acquire_lease("acme", "r", "replica-y", 30.0)  # y takes the run over
+    if not store.shared:
+        # A SQLite file has one process: there is no other replica to fence out.
+        await store.append_event("acme", "r", StoredEvent(2, "x", b"x2"), owner="replica-x")
+        return
+    # x, paused past its lease and not yet aware, appends its next event: refused.
+    with pytest.raises(LeaseLost):
+        await store.append_event("acme", "r", StoredEvent(2, "x", b"x2"), owner="replica-x")
+    mark = await store.append_event("acme", "r", StoredEvent(2, "y", b"y2"), owner="replica-y")
+    assert mark is None
+    assert [(e.seq, e.body) for e in await store.read_events("acme", "r", 0)] == [
+        (1, b"x1"),
+        (2, b"y2"),
+    ]

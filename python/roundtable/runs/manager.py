@@ -55,7 +55,14 @@ from roundtable.harness.chain import Harness
 from roundtable.runs.live import TERMINAL_KINDS, LiveRun, Subscription
 from roundtable.runs.progress import Progress
 from roundtable.runs.sink import RunSink
-from roundtable.store.base import RESUMABLE, CancelMark, RunRecord, RunStatus, RunStore
+from roundtable.store.base import (
+    RESUMABLE,
+    CancelMark,
+    LeaseLost,
+    RunRecord,
+    RunStatus,
+    RunStore,
+)
 from roundtable.telemetry.attributes import run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
 from roundtable.v1 import events_pb2 as epb
@@ -465,7 +472,7 @@ class RunManager:
         started = time.perf_counter()
         try:
             if self.tracer is None:
-                await self._run(live, launch)
+                await self._run_owned(live, launch)
                 return
             links = []
             first = _span_context(record.trace_context) if launch.resumed else None
@@ -478,15 +485,24 @@ class RunManager:
             with self.tracer.start_as_current_span(
                 "roundtable.run", attributes=attributes, links=links
             ):
-                await self._run(live, launch)
+                await self._run_owned(live, launch)
         finally:
             status = {"roundtable.status": record.status.value}
             self.metrics.runs.add(1, status)
             self.metrics.run_duration.record(time.perf_counter() - started, status)
 
+    async def _run_owned(self, live: LiveRun, launch: Launch) -> None:
+        """Runs the run; stops quietly when the store refuses an append because another
+        replica took it over (its streams end with RunOrphaned: the same StartRun finds
+        the new owner)."""
+        try:
+            await self._run(live, launch)
+        except LeaseLost:
+            log.error("run %s was taken over by another replica; stopping here", live.record.run_id)
+
     async def _run(self, live: LiveRun, launch: Launch) -> None:
         record = live.record
-        sink = RunSink(live, self.store, first_seq=record.last_seq)
+        sink = RunSink(live, self.store, first_seq=record.last_seq, owner=self.owner)
         request = live.request
         status = RunStatus.FAILED
         # Leases only matter where other replicas share the store; a SQLite file belongs to
@@ -580,6 +596,8 @@ class RunManager:
                 raise
             await sink.emit(_cancelled(live.stop.reason or "cancel_requested", live.progress))
             status = RunStatus.CANCELLED
+        except LeaseLost:
+            raise  # nothing more may be written: not even run_failed
         except TimeoutError:
             await sink.emit(
                 RunFailed(

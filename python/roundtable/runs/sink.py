@@ -18,16 +18,21 @@ import time
 from roundtable.api.convert import event_to_proto
 from roundtable.domain.events import AssistantDelta, AssistantFinal, Event, SpeakerFailed
 from roundtable.runs.live import LiveRun
-from roundtable.store.base import CancelMark, RunStore, StoredEvent
+from roundtable.store.base import CancelMark, LeaseLost, RunStore, StoredEvent
 from roundtable.v1 import events_pb2 as epb
 
 
 class RunSink:
     """Implements `graph.context.EventSink` for one live run."""
 
-    def __init__(self, live: LiveRun, store: RunStore, *, first_seq: int = 0) -> None:
+    def __init__(
+        self, live: LiveRun, store: RunStore, *, first_seq: int = 0, owner: str | None = None
+    ) -> None:
         self.live = live
         self.store = store
+        self.owner = owner
+        """The replica appending; a shared store refuses its appends once it is not the
+        run's owner any more (`RunStore.append_event`)."""
         self.seq = first_seq
         options = live.request.options
         self._window = options.delta_window_s
@@ -58,7 +63,9 @@ class RunSink:
         body = proto.SerializeToString()
         kind = proto.WhichOneof("payload") or ""
         record = self.live.record
-        append = self.store.append_event(record.tenant, record.run_id, StoredEvent(seq, kind, body))
+        append = self.store.append_event(
+            record.tenant, record.run_id, StoredEvent(seq, kind, body), owner=self.owner
+        )
         if not self.store.shared:
             # SQLite's append can only wait before it writes (a WAL checkpoint's last pass):
             # a cancel there leaves nothing written, and the event unnumbered.
@@ -73,6 +80,9 @@ class RunSink:
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):  # not committed: nothing to number
                 self._accepted(seq, event, proto, await task)
+            raise
+        except LeaseLost:
+            self.live.lease_lost = True  # the run is another replica's: write nothing more
             raise
         self._accepted(seq, event, proto, mark)
 

@@ -47,6 +47,10 @@ _ENDED = frozenset(
 RESUMABLE = frozenset({RunStatus.CANCELLED, RunStatus.INTERRUPTED})
 
 
+class LeaseLost(Exception):
+    """Another replica took the run over: this one may write nothing more for it."""
+
+
 @dataclass(slots=True, kw_only=True)
 class RunRecord:
     """A run as the registry knows it."""
@@ -155,13 +159,23 @@ class RunStore(Protocol):
         """Writes the run's status, plan, finished replies and last seq."""
         ...
 
-    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> CancelMark | None:
+    async def append_event(
+        self, tenant: str, run_id: str, event: StoredEvent, *, owner: str | None = None
+    ) -> CancelMark | None:
         """Commits one event to the log (write ahead: before anyone hears of it).
 
         A shared store also answers, from the same round trip, the cancel recorded on the
         run's row as of the append (None when there is none): the replica that owns the run
         learns of it at its next speaker boundary without a read of its own. A store no
         other process writes to answers None.
+
+        With `owner`, a shared store appends only while the run's row names that owner,
+        checked under a lock on the row in the same statement: a replica that lost its
+        lease (paused past it, say) can never write into the log of the replica that took
+        the run over. A store no other process writes to has no one to fence out.
+
+        Raises:
+            LeaseLost: the row names another owner; nothing was written.
         """
         ...
 

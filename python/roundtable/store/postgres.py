@@ -21,6 +21,7 @@ from roundtable.domain.errors import ThreadBusy
 from roundtable.store.base import (
     RUN_COLUMNS,
     CancelMark,
+    LeaseLost,
     RunRecord,
     StoredEvent,
     run_from_row,
@@ -135,9 +136,16 @@ class PostgresRunStore:
         record.updated_at = time.time()
         await self._execute(_SQL.update_run, update_params(record))
 
-    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> CancelMark | None:
-        params = (tenant, run_id, event.seq, event.kind, event.body, tenant, run_id)
-        rows = await self._fetch(_SQL.append_event_read_cancel, params)
+    async def append_event(
+        self, tenant: str, run_id: str, event: StoredEvent, *, owner: str | None = None
+    ) -> CancelMark | None:
+        values = (tenant, run_id, event.seq, event.kind, event.body)
+        if owner is None:
+            rows = await self._fetch(_SQL.append_event_read_cancel, (*values, tenant, run_id))
+        else:
+            rows = await self._fetch(_SQL.append_event_owned, (tenant, run_id, owner, *values))
+            if not rows:
+                raise LeaseLost(run_id)
         if not rows or not rows[0]["cancel_mode"]:
             return None
         return CancelMark(rows[0]["cancel_mode"], rows[0]["cancel_reason"])

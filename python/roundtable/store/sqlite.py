@@ -240,7 +240,10 @@ class SqliteRunStore:
         await self._before_write()
         self.conn.execute(_SQL.update_run, update_params(record))
 
-    async def append_event(self, tenant: str, run_id: str, event: StoredEvent) -> CancelMark | None:
+    async def append_event(
+        self, tenant: str, run_id: str, event: StoredEvent, *, owner: str | None = None
+    ) -> CancelMark | None:
+        # No fence: the file is this process's alone (start-up marks a dead one's runs).
         await self._before_write()
         self.conn.execute(_SQL.append_event, (tenant, run_id, event.seq, event.kind, event.body))
         return None  # the file is this process's: its cancels never go through the row

@@ -25,6 +25,7 @@ class Statements:
     update_run: str
     append_event: str
     append_event_read_cancel: str
+    append_event_owned: str
     read_events: str
     resumable_runs: str
     live_thread_runs: str
@@ -57,6 +58,17 @@ class Statements:
                 "WITH appended AS (INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
                 f"VALUES ({p},{p},{p},{p},{p})) "
                 f"SELECT cancel_mode, cancel_reason FROM rt_runs WHERE tenant={p} AND run_id={p}"
+            ),
+            append_event_owned=(
+                # The same, only while the row names the owner. FOR SHARE orders it with a
+                # takeover's UPDATE of the owner: the append waits for it and then sees the
+                # new owner, or the takeover waits for the append, whose row its log read
+                # then sees. No row back: another replica owns the run, nothing written.
+                "WITH run AS (SELECT cancel_mode, cancel_reason FROM rt_runs "
+                f"WHERE tenant={p} AND run_id={p} AND owner={p} FOR SHARE), "
+                "appended AS (INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
+                f"SELECT {p},{p},{p},{p},{p} FROM run) "
+                "SELECT cancel_mode, cancel_reason FROM run"
             ),
             read_events=(
                 f"SELECT seq, kind, body FROM rt_events WHERE tenant={p} AND run_id={p} "
