@@ -22,6 +22,7 @@ from support.builders import (
     last_execution,
     member,
     of_kind,
+    read_until,
     start_request,
 )
 
@@ -39,16 +40,6 @@ def slow_roster(n: int = 4) -> list[spb.Member]:
 
 def slow_request(text: str = "@all how was your day?", **kwargs) -> pb.StartRunRequest:
     return start_request(text, members=slow_roster(kwargs.pop("n", 4)), **kwargs)
-
-
-async def read_until(call, predicate) -> list[epb.RunEvent]:
-    """Reads a stream until an event matches (inclusive)."""
-    events = []
-    async for response in call:
-        events.append(response.event)
-        if predicate(response.event):
-            return events
-    raise AssertionError("stream ended before the expected event")
 
 
 def is_started(step: int):

@@ -19,7 +19,7 @@ from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
-from support.builders import collect, kinds, member, model_ref, start_request
+from support.builders import collect, kinds, member, model_ref, read_until, start_request
 from support.scripted import ScriptedProvider
 
 
@@ -63,15 +63,13 @@ def ev(seq: int, run_id: str = "f-1", **payload) -> StoredEvent:
     return StoredEvent(seq, e.WhichOneof("payload"), e.SerializeToString())
 
 
-@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
-async def test_follower_delivers_the_terminal_event(server, stub, monkeypatch):
-    store = server.store
+def run_of_another_replica(run_id: str, thread_id: str) -> RunRecord:
+    """A running run whose live lease is held by replica "other-replica"."""
     now = time.time()
-    # A run that replica "other" executes (live lease), with its first event in the log.
-    record = RunRecord(
+    return RunRecord(
         tenant="tenant-1",
-        run_id="f-1",
-        thread_id="t-f",
+        run_id=run_id,
+        thread_id=thread_id,
         fingerprint="x3:0",
         status=RunStatus.RUNNING,
         created_at=now,
@@ -79,6 +77,13 @@ async def test_follower_delivers_the_terminal_event(server, stub, monkeypatch):
         owner="other-replica",
         lease_until=now + 60,
     )
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_follower_delivers_the_terminal_event(server, stub, monkeypatch):
+    store = server.store
+    # A run that replica "other" executes (live lease), with its first event in the log.
+    record = run_of_another_replica("f-1", "t-f")
     assert await store.create_run(record)
     await store.append_event("tenant-1", "f-1", ev(1, run_started=epb.RunStarted(thread_id="t-f")))
 
@@ -103,18 +108,7 @@ async def test_follower_delivers_the_terminal_event(server, stub, monkeypatch):
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_follower_of_a_resumed_run_follows_to_its_real_end(server, stub):
     store = server.store
-    now = time.time()
-    record = RunRecord(
-        tenant="tenant-1",
-        run_id="fr-1",
-        thread_id="t-fr",
-        fingerprint="x3:0",
-        status=RunStatus.RUNNING,
-        created_at=now,
-        updated_at=now,
-        owner="other-replica",
-        lease_until=now + 60,
-    )
+    record = run_of_another_replica("fr-1", "t-fr")
     assert await store.create_run(record)
     # Execution 1 was cancelled; execution 2 (a resume, on the other replica) is live.
     for e in (
@@ -174,15 +168,6 @@ def slow_request(**kw):
         for c, n in zip("abcd", ["Al", "Bo", "Cy", "Di"], strict=True)
     ]
     return start_request("@all how was your day?", members=roster, **kw)
-
-
-async def read_until(call, pred):
-    out = []
-    async for r in call:
-        out.append(r.event)
-        if pred(r.event):
-            return out
-    raise AssertionError("ended early")
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Sequence
+from typing import Any
 
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -107,3 +108,15 @@ def last_execution(events: Sequence[epb.RunEvent]) -> list[epb.RunEvent]:
 def durable_seqs(events: Iterable[epb.RunEvent]) -> list[int]:
     """The seq of every event but a delta, in order."""
     return [e.seq for e in events if e.WhichOneof("payload") != "assistant_delta"]
+
+
+async def read_until(
+    call: AsyncIterable[Any], predicate: Callable[[epb.RunEvent], bool]
+) -> list[epb.RunEvent]:
+    """Reads a StartRun/StreamRun stream until an event matches (inclusive)."""
+    events = []
+    async for response in call:
+        events.append(response.event)
+        if predicate(response.event):
+            return events
+    raise AssertionError("stream ended before the expected event")
