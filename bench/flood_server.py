@@ -214,6 +214,9 @@ def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
     edge and answers `replay` (a real turn's responses, recorded and pre-serialized):
     what a Python gRPC server and client cost for a turn with nothing in between.
 
+    `/bench.Raw/TurnUnparsed`: B5's floor. The same replay, the request left as the bytes
+    gRPC received: what moving the request and the responses costs, nothing else.
+
     `/bench.Raw/Park` and `/bench.Raw/ParkGraph`: B4's floors. Each parses a
     StartRunRequest, sends one event and stays parked until the client leaves; `ParkGraph`
     first starts a bare LangGraph run (`bare_graph`) in a task of its own, as the product
@@ -284,9 +287,16 @@ def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
     replayed = grpc.unary_stream_rpc_method_handler(
         turn, request_deserializer=pb.StartRunRequest.FromString
     )
+    unparsed = grpc.unary_stream_rpc_method_handler(turn)
     return grpc.method_handlers_generic_handler(
         "bench.Raw",
-        {"Stream": handler, "ModelAlone": alone, "Turn": replayed, **parked_handlers},
+        {
+            "Stream": handler,
+            "ModelAlone": alone,
+            "Turn": replayed,
+            "TurnUnparsed": unparsed,
+            **parked_handlers,
+        },
     )
 
 

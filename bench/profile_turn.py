@@ -3,7 +3,7 @@
 Two modes (the main venv; cProfile from the standard library, pyinstrument when it is
 importable and --pyinstrument is given):
 
-  .venv/bin/python bench/profile_turn.py server [--turns 300]
+  .venv/bin/python bench/profile_turn.py server [--turns 300] [--history 10]
       a real server process on loopback (running_server, via bench/flood_server.py), driven
       over gRPC, profiled with cProfile from after the warm-up to the last turn: the
       server's own cost per turn, nothing of the client, nothing of start-up.
@@ -101,14 +101,14 @@ def report(stats: pstats.Stats, turns: int, top: int) -> str:
     return out.getvalue()
 
 
-async def drive(stub, n: int) -> None:
-    template = turn_request(COUNT_OFF, run_id="template")
+async def drive(stub, n: int, history: int = 10) -> None:
+    template = turn_request(COUNT_OFF, run_id="template", history_messages=history)
     for i in range(n):
         async for _ in stub.StartRun(with_run_id(template, f"prof-{i}")):
             pass
 
 
-async def server_mode(turns: int, top: int) -> str:
+async def server_mode(turns: int, top: int, history: int = 10) -> str:
     work = Path(tempfile.mkdtemp(prefix="rt-prof-"))
     prof = work / "server.prof"
     # The profiled server: running_server() as `roundtable serve` builds it (bench/flood_server.py),
@@ -122,12 +122,12 @@ async def server_mode(turns: int, top: int) -> str:
     try:
         async with server.channel() as channel:
             stub = server.stub(channel)
-            await drive(stub, 30)  # warm-up, outside the profile
+            await drive(stub, 30, history)  # warm-up, outside the profile
             assert server.proc is not None
             server.proc.send_signal(signal.SIGUSR1)
             await asyncio.sleep(0.2)
             t0 = time.perf_counter()
-            await drive(stub, turns)
+            await drive(stub, turns, history)
             wall = time.perf_counter() - t0
             server.proc.send_signal(signal.SIGUSR2)
             for _ in range(100):
@@ -182,9 +182,12 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--pyinstrument", action="store_true")
+    parser.add_argument(
+        "--history", type=int, default=10, help="history messages per turn (server mode)"
+    )
     args = parser.parse_args()
     if args.mode == "server":
-        text = asyncio.run(server_mode(args.turns, args.top))
+        text = asyncio.run(server_mode(args.turns, args.top, args.history))
     else:
         text = asyncio.run(inproc_mode(args.turns, args.top, args.pyinstrument))
     print(text)

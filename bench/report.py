@@ -251,6 +251,34 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
             "x",
         )
     )
+    own = fig(suite, "B5", "own_history_10000_over_10")
+    f10 = fig(suite, "B5", "grpc_floor_history_10")
+    f10k = fig(suite, "B5", "grpc_floor_history_10000")
+    if own and f10 and f10k:
+        goals.append(
+            goal(
+                "B5 the same less gRPC's own cost of each turn (Roundtable's part)",
+                "report",
+                own,
+                None,
+                f"a bare grpc.aio handler took {fmt(f10k['median'])} ms vs "
+                f"{fmt(f10['median'])} ms for the same bytes and responses",
+                "x",
+            )
+        )
+    h64 = fig(suite, "B5", "history_64")
+    r64 = paired_ratio(h10k, h64)
+    if r64:
+        goals.append(
+            goal(
+                "B5 10,000 history messages ÷ 64 (the prompt's window full in both)",
+                "report",
+                r64,
+                None,
+                f"{fmt(h10k and h10k['median'])} ms vs {fmt(h64 and h64['median'])} ms",
+                "x",
+            )
+        )
     c10 = fig(suite, "B5", "client_serializes_history_10")
     c10k = fig(suite, "B5", "client_serializes_history_10000")
     rc = paired_ratio(c10k, c10)

@@ -1239,8 +1239,13 @@ def with_context_only(template: Any, run_id: str) -> Any:
 
 async def bench_b5(cfg: Config, work: Path) -> dict[str, Any]:
     """B5: turn cost end to end vs history length and vs number of speakers."""
+    import grpc
+    from roundtable.v1 import orchestrator_service_pb2 as pb
+
     configs = {
         "history_10": turn_request(COUNT_OFF, run_id="t", history_messages=10),
+        # 64 = the default history window: the prompt as long as at 1,000 or 10,000.
+        "history_64": turn_request(COUNT_OFF, run_id="t", history_messages=64),
         "history_1000": turn_request(COUNT_OFF, run_id="t", history_messages=1_000),
         "history_10000": turn_request(COUNT_OFF, run_id="t", history_messages=10_000),
         "speakers_1": turn_request(COUNT_OFF, run_id="t", members=1, history_messages=10),
@@ -1250,9 +1255,34 @@ async def bench_b5(cfg: Config, work: Path) -> dict[str, Any]:
     }
     sizes = {name: r.ByteSize() for name, r in configs.items()}
     server = await Server(work / "b5.db", work / "b5.log").start()
+    floor: Server | None = None
     try:
         async with server.channel() as channel:
             stub = server.stub(channel)
+            # The transport's floor: a real turn's responses, recorded here, replayed by a
+            # bare grpc.aio handler that leaves the request as received bytes
+            # (bench/flood_server.py /bench.Raw/TurnUnparsed): what moving a request of
+            # this size and the turn's responses costs gRPC alone, in the same rounds.
+            recorded = await grpc_turn(stub, with_run_id(configs["history_10"], new_id("b5r")))
+            write_replay(
+                work / "b5-turn.replay",
+                [pb.StartRunResponse(event=e).SerializeToString() for e in recorded],
+            )
+            floor = await Server(
+                work / "b5-floor.db",
+                work / "b5-floor.log",
+                script=BENCH / "flood_server.py",
+                env={"BENCH_TURN_REPLAY": str(work / "b5-turn.replay")},
+            ).start()
+            floor_channel = grpc.aio.insecure_channel(
+                f"127.0.0.1:{floor.raw_port}",
+                options=[("grpc.max_send_message_length", 64 * 1024 * 1024)],
+            )
+            floor_call = floor_channel.unary_stream(
+                "/bench.Raw/TurnUnparsed",
+                request_serializer=None,
+                response_deserializer=pb.StartRunResponse.FromString,
+            )
             # The same RPC taking the request as bytes: the client sends a serialized
             # snapshot it keeps, behind a per-turn context (protobuf merges concatenated
             # messages), so the figure is Roundtable's cost, not the client's serializer.
@@ -1282,27 +1312,69 @@ async def bench_b5(cfg: Config, work: Path) -> dict[str, Any]:
 
                 return turn
 
+            def floor_variant(template: Any) -> Callable[[], Awaitable[Any]]:
+                body = type(template)()
+                body.CopyFrom(template)
+                body.ClearField("context")
+                cached = body.SerializeToString()
+
+                async def turn() -> None:
+                    head = with_context_only(template, new_id("b5f")).SerializeToString()
+                    events = await drain_stream(floor_call(head + cached))
+                    if len(events) != len(recorded):
+                        raise RuntimeError(f"B5 floor: {len(events)} of {len(recorded)}")
+
+                return turn
+
             variants = {name: wire_variant(t) for name, t in configs.items()}
             variants.update(
                 {f"client_serializes_{name}": variant(configs[name]) for name in HISTORY_SIZES}
             )
-            samples = await interleaved(variants, cfg, cfg.b5_turns, cfg.b5_reps)
+            variants.update(
+                {f"grpc_floor_{name}": floor_variant(configs[name]) for name in HISTORY_SIZES}
+            )
+            try:
+                samples = await interleaved(variants, cfg, cfg.b5_turns, cfg.b5_reps)
+            finally:
+                await floor_channel.close()
     finally:
+        if floor is not None:
+            await floor.stop()
         await server.stop()
     figures = {name: summary(v, "ms/turn") for name, v in samples.items()}
     figures["speakers_4"] = figures["history_10"]
+    # Roundtable's own added cost, repetition by repetition (each round measured the turn
+    # and its floor back to back): the turn less gRPC's cost of moving the same bytes.
+    own = [
+        (t - f) / (t10 - f10)
+        for t, f, t10, f10 in zip(
+            samples["history_10000"],
+            samples["grpc_floor_history_10000"],
+            samples["history_10"],
+            samples["grpc_floor_history_10"],
+            strict=True,
+        )
+    ]
+    figures["own_history_10000_over_10"] = summary(own, "x")
     return {
         "figures": figures,
         "request_bytes": sizes,
         "notes": (
             "End to end over gRPC (a real `roundtable serve`), count-off, zero-latency "
             "offline model; speakers_4 is history_10 (4 members, 10 history messages). "
+            "history_64 fills the default history window (64), as 1,000 and 10,000 do: "
+            "from 64 on, every speaker's prompt holds the same 64 messages. "
             "History messages are ~70 bytes. history_* and speakers_*: the client keeps "
             "the serialized snapshot and sends it behind a new context each turn, so the "
             "figure is Roundtable's cost (receiving, parsing, fingerprinting); "
             "client_serializes_history_*: the client copies and serializes the whole "
             "request per turn (with Python's protobuf: ≈1.1 ms for 10,000 messages), the "
-            "gateway's cost included."
+            "gateway's cost included. grpc_floor_history_*: the same bytes to a bare "
+            "grpc.aio handler (bench/flood_server.py /bench.Raw/TurnUnparsed, its own "
+            "process) that leaves them unparsed and answers a recorded count-off's "
+            "responses: gRPC's own cost of the turn at that size. "
+            "own_history_10000_over_10: (history_10000 − its floor) ÷ (history_10 − its "
+            "floor), per round: Roundtable's part of the turn."
         ),
     }
 
