@@ -3,7 +3,7 @@
 Two modes (the main venv; cProfile from the standard library, pyinstrument when it is
 importable and --pyinstrument is given):
 
-  .venv/bin/python bench/profile_turn.py server [--turns 300] [--history 10]
+  .venv/bin/python bench/profile_turn.py server [--turns 300] [--history 10] [--store DSN]
       a real server process on loopback (running_server, via bench/flood_server.py), driven
       over gRPC, profiled with cProfile from after the warm-up to the last turn: the
       server's own cost per turn, nothing of the client, nothing of start-up.
@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 
@@ -103,12 +104,13 @@ def report(stats: pstats.Stats, turns: int, top: int) -> str:
 
 async def drive(stub, n: int, history: int = 10) -> None:
     template = turn_request(COUNT_OFF, run_id="template", history_messages=history)
+    batch = uuid.uuid4().hex[:8]  # new runs every call (a run id seen before is a replay)
     for i in range(n):
-        async for _ in stub.StartRun(with_run_id(template, f"prof-{i}")):
+        async for _ in stub.StartRun(with_run_id(template, f"prof-{batch}-{i}")):
             pass
 
 
-async def server_mode(turns: int, top: int, history: int = 10) -> str:
+async def server_mode(turns: int, top: int, history: int = 10, store: str = "") -> str:
     work = Path(tempfile.mkdtemp(prefix="rt-prof-"))
     prof = work / "server.prof"
     # The profiled server: running_server() as `roundtable serve` builds it (bench/flood_server.py),
@@ -118,6 +120,7 @@ async def server_mode(turns: int, top: int, history: int = 10) -> str:
         work / "p.log",
         script=Path(__file__).resolve().parent / "flood_server.py",
         env={"BENCH_PROFILE": str(prof)},
+        store=store,
     ).start()
     try:
         async with server.channel() as channel:
@@ -185,9 +188,12 @@ def main() -> int:
     parser.add_argument(
         "--history", type=int, default=10, help="history messages per turn (server mode)"
     )
+    parser.add_argument(
+        "--store", default="", help="the server's store, e.g. a Postgres DSN (server mode)"
+    )
     args = parser.parse_args()
     if args.mode == "server":
-        text = asyncio.run(server_mode(args.turns, args.top, args.history))
+        text = asyncio.run(server_mode(args.turns, args.top, args.history, args.store))
     else:
         text = asyncio.run(inproc_mode(args.turns, args.top, args.pyinstrument))
     print(text)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from roundtable.domain.errors import ThreadBusy
 from roundtable.store.base import CancelMark, LeaseLost, RunRecord, RunStatus, StoredEvent
 from roundtable.store.postgres import PostgresRunStore
 from roundtable.store.sqlite import SqliteRunStore
@@ -173,6 +174,45 @@ async def test_a_postgres_table_from_before_continued_by_gets_the_column() -> No
             await assert_migrated(store)
         finally:
             await store.close()
+    finally:
+        drop_schema(dsn, url)
+
+
+async def test_a_thread_being_started_on_postgres_is_busy_for_others_until_let_go() -> None:
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    thread = "t-'1"  # a quote in the key: the lock's statement takes literals
+
+    def advisory_locks_held() -> int:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            return int(row.fetchone()[0])
+
+    try:
+        store = await PostgresRunStore.open(url, thread_lock_timeout_s=0.2)
+        other = await PostgresRunStore.open(url, thread_lock_timeout_s=0.2)  # a second replica
+        try:
+            async with store.thread_lock("acme", thread):
+                assert advisory_locks_held() == 1
+                with pytest.raises(ThreadBusy, match="being started elsewhere"):
+                    async with other.thread_lock("acme", thread):
+                        pytest.fail("two replicas held one thread's lock")
+                async with other.thread_lock("acme", "t-2"):
+                    pass  # another thread is free
+                async with other.thread_lock("other-tenant", thread):
+                    pass  # so is the same thread id under another tenant
+            assert advisory_locks_held() == 0
+            with pytest.raises(RuntimeError):
+                async with other.thread_lock("acme", thread):
+                    raise RuntimeError("the start failed")
+            assert advisory_locks_held() == 0, "a failed start lets go of the lock too"
+            async with store.thread_lock("acme", thread):
+                pass  # the busy replica's connection went back to its pool usable
+            async with other.pool.connection() as conn:
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        finally:
+            await store.close()
+            await other.close()
     finally:
         drop_schema(dsn, url)
 
