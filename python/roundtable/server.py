@@ -52,7 +52,10 @@ def build_providers(settings: Settings) -> dict[str, ChatProvider]:
     """The model providers every server has."""
     return {
         "offline": OfflineProvider(default_token_delay_s=settings.offline_token_delay_ms / 1000),
-        "openai": build_openai_provider(default_timeout_s=settings.model_timeout_seconds),
+        "openai": build_openai_provider(
+            default_timeout_s=settings.model_timeout_seconds,
+            max_attempt_timeout_s=request_limits(settings).max_model_timeout_ms / 1000,
+        ),
     }
 
 

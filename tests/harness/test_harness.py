@@ -8,7 +8,7 @@ import logging
 from dataclasses import fields, replace
 
 import pytest
-from roundtable.domain.errors import CircuitOpen, ModelRejected, ModelUnavailable
+from roundtable.domain.errors import CircuitOpen, ModelRateLimited, ModelRejected, ModelUnavailable
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelRef, ModelTarget
 from roundtable.harness.breaker import BreakerBoard, BreakerState
@@ -164,3 +164,141 @@ def test_a_request_bound_for_an_attempt_keeps_every_other_field() -> None:
         if f.name not in changed:
             assert getattr(bound, f.name) is getattr(original, f.name), f.name
     assert (bound.target, bound.attempt, bound.on_text) == (target, 3, sink)
+
+
+class HalfReplyProvider:
+    """Streams part of a reply, then fails, on targets named in `broken`."""
+
+    name = "fake"
+
+    def __init__(self, broken: set[str]) -> None:
+        self.broken = broken
+
+    async def complete(self, target, call, *, api_key, on_text) -> ChatResult:
+        if target.model in self.broken:
+            on_text(f"half of {target.model}'s ")
+            raise ModelUnavailable("HTTP 502")
+        on_text(f"all of {target.model}")
+        return ChatResult(text=f"all of {target.model}", model=f"fake/{target.model}")
+
+
+async def test_text_streamed_before_a_failover_is_dropped_not_joined_to_the_next_target() -> None:
+    # What the member pipeline does: deltas are keyed by a text attempt that on_restart
+    # moves on, so a client replaces the text it shows instead of appending to it.
+    shown: dict[int, str] = {}
+    text_attempt = 1
+
+    def on_text(text: str) -> None:
+        shown[text_attempt] = shown.get(text_attempt, "") + text
+
+    def on_restart() -> None:
+        nonlocal text_attempt
+        text_attempt += 1
+
+    h = Harness(
+        {"fake": HalfReplyProvider({"primary"})},
+        policy=HarnessPolicy(retry=RetryPolicy(max_retries=0)),
+    )
+    result = await h.call(replace(request(BACKUP), on_text=on_text, on_restart=on_restart))
+    assert result.text == "all of backup"
+    assert shown == {1: "half of primary's ", 2: "all of backup"}
+
+
+async def test_a_retry_after_streamed_text_restarts_once_and_silent_attempts_do_not() -> None:
+    restarts: list[int] = []
+    provider = HalfReplyProvider({"primary"})
+    h = Harness(
+        {"fake": provider},
+        policy=HarnessPolicy(retry=RetryPolicy(max_retries=1, initial_backoff_s=0.001)),
+    )
+    third = ModelTarget(provider="fake", model="third")
+    provider.broken.add("backup")
+    result = await h.call(
+        replace(
+            request(BACKUP, third),
+            on_text=lambda _text: None,
+            on_restart=lambda: restarts.append(1),
+        )
+    )
+    # primary twice, backup twice, each streaming before it fails: a restart before each
+    # of the four attempts that follow one of them, and none more.
+    assert result.text == "all of third" and len(restarts) == 4
+
+
+async def test_attempt_numbers_go_on_across_targets_in_audit_records(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="roundtable.audit")
+    provider = FlakyProvider({"primary": [ModelUnavailable("HTTP 500")] * 3})
+    assert (await harness(provider).call(request(BACKUP))).model == "fake/backup"
+    assert [(line["target"], line["attempt"]) for line in audit_lines(caplog)] == [
+        ("llm:fake:primary", 1),
+        ("llm:fake:primary", 2),
+        ("llm:fake:primary", 3),
+        ("llm:fake:backup", 4),
+    ]
+
+
+async def test_an_attempt_cancelled_midway_is_audited_as_cancelled(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="roundtable.audit")
+    started = asyncio.Event()
+
+    class Hanging:
+        name = "fake"
+
+        async def complete(self, target, call, *, api_key, on_text) -> ChatResult:
+            started.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+    call = asyncio.ensure_future(Harness({"fake": Hanging()}).call(request()))
+    await started.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert [(line["attempt"], line["status"]) for line in audit_lines(caplog)] == [(1, "cancelled")]
+
+
+async def test_one_server_down_leaves_the_same_model_on_another_server_callable() -> None:
+    # Two tenants' own vLLM servers, both serving "primary".
+    down = ModelTarget(provider="fake", model="primary", base_url="http://10.0.0.1/v1")
+    up = ModelTarget(provider="fake", model="primary", base_url="http://10.0.0.2/v1")
+
+    class ByServer:
+        name = "fake"
+
+        async def complete(self, target, call, *, api_key, on_text) -> ChatResult:
+            if target.base_url == down.base_url:
+                raise ModelUnavailable("HTTP 503")
+            return ChatResult(text="ok", model="fake/primary")
+
+    h = Harness(
+        {"fake": ByServer()},
+        policy=HarnessPolicy(
+            retry=RetryPolicy(max_retries=0), breaker=BreakerPolicy(failure_threshold=2)
+        ),
+    )
+
+    def to(target: ModelTarget) -> ModelRequest:
+        return replace(request(), ref=ModelRef(target=target))
+
+    for _ in range(2):
+        with pytest.raises(ModelUnavailable):
+            await h.call(to(down))
+    with pytest.raises(CircuitOpen):
+        await h.call(to(down))
+    assert (await h.call(to(up))).text == "ok"
+
+
+async def test_rate_limits_do_not_open_the_breaker() -> None:
+    # A 429 is one key's quota: counting it would refuse every tenant's calls to the target.
+    provider = FlakyProvider({"primary": [ModelRateLimited("HTTP 429")] * 6})
+    h = Harness(
+        {"fake": provider},
+        policy=HarnessPolicy(
+            retry=RetryPolicy(max_retries=0), breaker=BreakerPolicy(failure_threshold=2)
+        ),
+    )
+    for _ in range(6):
+        with pytest.raises(ModelRateLimited):
+            await h.call(request())
+    assert (await h.call(request())).text == "ok"
+    assert h.breakers.get("llm:fake:primary").state is BreakerState.CLOSED

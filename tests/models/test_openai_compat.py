@@ -14,7 +14,10 @@ from roundtable.domain.errors import (
     ModelTimeout,
     ModelUnavailable,
 )
-from roundtable.domain.snapshot import ModelTarget
+from roundtable.domain.snapshot import ModelRef, ModelTarget
+from roundtable.harness.chain import Harness
+from roundtable.harness.policies import HarnessPolicy, RetryPolicy
+from roundtable.harness.request import CallMeta, ModelRequest
 from roundtable.models.base import ChatCall, ChatMessage, ChatResult
 from roundtable.models.openai_compat import build_openai_provider, map_openai_error
 from support.openai_server import Delay, Fail, OpenAITestServer, Reply, ToolCall
@@ -174,3 +177,73 @@ async def test_cancelling_the_task_aborts_the_http_stream(server: OpenAITestServ
 def test_other_exceptions_are_not_model_errors() -> None:
     assert map_openai_error(ValueError("boom")) is None
     assert map_openai_error(asyncio.CancelledError()) is None
+
+
+async def test_a_stream_frame_that_is_not_json_is_a_retryable_failure(
+    server: OpenAITestServer,
+) -> None:
+    server.script(Reply(chunks=["The ", "capital ", "is "], broken_after=2))
+    with pytest.raises(ModelUnavailable) as caught:
+        await _complete(server, on_text=[])
+    assert caught.value.retryable, "another attempt may get a whole answer"
+
+
+async def test_a_model_given_more_time_than_the_default_is_not_cut_off_by_the_client(
+    server: OpenAITestServer,
+) -> None:
+    # The harness bounds each attempt by the ref's timeout_ms (up to the server's maximum);
+    # the HTTP client must not end the call at the server's default before that.
+    server.script(Delay(seconds=1.0, then=Reply(text="worth the wait")))
+    provider = build_openai_provider(default_timeout_s=0.3, max_attempt_timeout_s=5.0)
+    result = await provider.complete(_target(server), _call(), api_key=API_KEY, on_text=None)
+    assert result.text == "worth the wait"
+
+
+async def test_structured_calls_send_the_output_cap_and_temperature(
+    server: OpenAITestServer,
+) -> None:
+    server.script(ToolCall(arguments={"score": 7, "reason": "short"}))
+    messages = (ChatMessage("user", PROMPT),)
+    call = ChatCall(messages=messages, schema=Verdict, max_tokens=64, temperature=0.0)
+    result = await _complete(server, call)
+    assert result.parsed == Verdict(score=7, reason="short")
+    body = server.requests[0].body
+    assert body.get("max_completion_tokens", body.get("max_tokens")) == 64
+    assert body["temperature"] == 0.0
+
+
+def _harness(max_retry_after_s: float = 10.0) -> Harness:
+    policy = HarnessPolicy(
+        retry=RetryPolicy(initial_backoff_s=0.001, max_retry_after_s=max_retry_after_s)
+    )
+    return Harness({"openai": build_openai_provider()}, policy=policy)
+
+
+def _request(server: OpenAITestServer, *fallbacks: ModelTarget) -> ModelRequest:
+    meta = CallMeta(thread_id="t", run_id="r", request_id="q", tenant="a", caller_node="n")
+    return ModelRequest(
+        ref=ModelRef(target=_target(server), fallbacks=fallbacks),
+        call=_call(),
+        meta=meta,
+        credentials={},
+    )
+
+
+@pytest.mark.parametrize("header", [("Retry-After", "0.4"), ("retry-after-ms", "400")])
+async def test_a_429_is_retried_no_sooner_than_the_server_asked(
+    server: OpenAITestServer, header: tuple[str, str]
+) -> None:
+    server.script(Fail(status=429, headers=dict([header])), Reply(text="now then"))
+    result = await _harness().call(_request(server))
+    assert result.text == "now then"
+    first, second = server.requests
+    assert second.at - first.at >= 0.4
+
+
+async def test_a_429_asking_for_too_long_a_wait_moves_on_to_the_fallback() -> None:
+    async with OpenAITestServer() as limited, OpenAITestServer() as fallback:
+        limited.script(Fail(status=429, headers={"Retry-After": "3600"}))
+        fallback.script(Reply(text="from the fallback"))
+        result = await _harness(max_retry_after_s=5.0).call(_request(limited, _target(fallback)))
+    assert result.text == "from the fallback"
+    assert len(limited.requests) == 1, "not retried against an hour's Retry-After"

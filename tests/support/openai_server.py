@@ -36,6 +36,8 @@ class Reply:
     """(prompt_tokens, completion_tokens); default: words in the prompt, chunks sent."""
     token_delay_s: float | None = None
     """Pause before each streamed chunk; default: the server's `token_delay_s`."""
+    broken_after: int | None = None
+    """Streamed: after this many chunks, one frame that is not JSON, and the end."""
 
     def pieces(self) -> list[str]:
         return list(self.chunks) if self.chunks is not None else re.findall(r"\S+\s*", self.text)
@@ -56,6 +58,7 @@ class Fail:
 
     status: int
     message: str = "scripted failure"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class RecordedRequest:
 
     body: dict[str, Any]
     authorization: str | None
+    at: float = field(default_factory=time.monotonic)
+    """When the request arrived (time.monotonic)."""
     chunks_sent: int = 0
     """Streamed `chat.completion.chunk`s written so far."""
     disconnected: bool = False
@@ -131,7 +136,7 @@ class OpenAITestServer:
                 step = Reply(text="echo: " + (last_user[0]["content"] if last_user else ""))
             if isinstance(step, Fail):
                 error = {"message": step.message, "type": "scripted_error", "code": None}
-                return web.json_response({"error": error}, status=step.status)
+                return web.json_response({"error": error}, status=step.status, headers=step.headers)
             if body.get("stream"):
                 return await self._stream(request, record, step)
             return web.json_response(_completion(body, step))
@@ -168,9 +173,14 @@ class OpenAITestServer:
         frames.append(_chunk(body, {}, finish))
         if (body.get("stream_options") or {}).get("include_usage"):
             frames.append({**_chunk(body, {}, None), "choices": [], "usage": _usage(body, step)})
+        broken_after = step.broken_after if isinstance(step, Reply) else None
         for frame in frames:
             if delay:
                 await asyncio.sleep(delay)
+            if broken_after is not None and record.chunks_sent == broken_after:
+                await response.write(b'data: {"choices": [{"delta": {"content": "tru\n\n')
+                await response.write_eof()
+                return response
             await response.write(f"data: {json.dumps(frame)}\n\n".encode())
             record.chunks_sent += 1
         await response.write(b"data: [DONE]\n\n")

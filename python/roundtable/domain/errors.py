@@ -122,6 +122,9 @@ class ModelError(RoundtableError):
 
     message = "model call failed"
     code: ClassVar[str] = "MODEL_ERROR"
+    attempts: int = 1
+    """Attempts this error ended (the harness's retry layer sets it when it gives up), so
+    the next target's attempts are numbered on from there."""
 
 
 class ModelTimeout(ModelError):
@@ -146,6 +149,8 @@ class ModelRateLimited(ModelError):
     message = "model rate limited"
     code = "MODEL_RATE_LIMITED"
     retryable = True
+    retry_after_s: float | None = None
+    """How long the server asked to wait (its Retry-After), when it said."""
 
 
 class ModelRejected(ModelError):

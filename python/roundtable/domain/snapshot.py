@@ -61,8 +61,15 @@ class ModelTarget:
 
     @property
     def name(self) -> str:
-        """The target's circuit-breaker and audit name, `llm:<provider>:<model>`."""
+        """The target's audit and span name, `llm:<provider>:<model>`."""
         return f"llm:{self.provider}:{self.model}"
+
+    @property
+    def breaker_key(self) -> str:
+        """Whose health a circuit breaker tracks: the target's name, and its server when
+        the target names one (two tenants' vLLM servers serving the same model are two
+        targets: one being down must not refuse calls to the other)."""
+        return f"{self.name}@{self.base_url}" if self.base_url else self.name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

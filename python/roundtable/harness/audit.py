@@ -30,7 +30,7 @@ class AuditRecord:
     provider: str
     attempt: int
     status: str
-    """success, error, timeout or breaker_open."""
+    """success, error, timeout, breaker_open or cancelled (the run stopped mid-attempt)."""
     latency_ms: float
     input_tokens: int = 0
     output_tokens: int = 0

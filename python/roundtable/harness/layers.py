@@ -13,12 +13,12 @@ import random
 import time
 from collections.abc import Callable
 
-from roundtable.domain.errors import CircuitOpen, ModelError, ModelTimeout
+from roundtable.domain.errors import CircuitOpen, ModelError, ModelRateLimited, ModelTimeout
 from roundtable.harness.audit import Auditor, AuditRecord
 from roundtable.harness.breaker import BreakerBoard
 from roundtable.harness.policies import RetryPolicy, TimeoutPolicy, is_transient
 from roundtable.harness.request import Handler, ModelRequest
-from roundtable.models.base import ChatResult
+from roundtable.models.base import ChatResult, TextSink
 
 
 class TimeoutLayer:
@@ -54,6 +54,11 @@ class AuditLayer:
         except ModelError as exc:
             self.auditor.record(AuditRecord.of(request, "error", started, error_code=exc.code))
             raise
+        except asyncio.CancelledError:
+            # The run was stopped (CancelRun, its deadline) mid-attempt: the model was
+            # called and may have spent tokens, so the attempt is on record too.
+            self.auditor.record(AuditRecord.of(request, "cancelled", started))
+            raise
         self.auditor.record(AuditRecord.of(request, "success", started, usage=result.usage))
         return result
 
@@ -80,33 +85,39 @@ class RetryLayer:
         spread: float = self.policy.jitter * (2 * self._rng.random() - 1)
         return max(0.0, base * (1 + spread))
 
+    def wait_before_retry(self, error: ModelError, retry: int) -> float | None:
+        """Seconds to wait before retry number `retry` after `error`; None: no retry.
+
+        A 429 that says how long to wait is waited out (at least), unless that is longer
+        than the policy allows, when hammering the same target is pointless anyway.
+        """
+        if not is_transient(error) or retry > self.policy.max_retries:
+            return None
+        wait = self.backoff(retry)
+        asked = error.retry_after_s if isinstance(error, ModelRateLimited) else None
+        if asked is not None:
+            if asked > self.policy.max_retry_after_s:
+                return None
+            wait = max(wait, asked)
+        return wait
+
     async def __call__(self, request: ModelRequest) -> ChatResult:
-        streamed = False
-        on_text = request.on_text
-
-        def track(text: str) -> None:
-            nonlocal streamed
-            streamed = True
-            if on_text is not None:
-                on_text(text)
-
         retry = 0
         while True:
             attempt = request.with_attempt(
-                target=request.target,
-                attempt=request.attempt + retry,
-                on_text=track if on_text is not None else None,
+                target=request.target, attempt=request.attempt + retry, on_text=request.on_text
             )
             try:
                 return await self.next(attempt)
             except ModelError as exc:
-                if not is_transient(exc) or retry >= self.policy.max_retries:
+                wait = self.wait_before_retry(exc, retry + 1)
+                if wait is None:
+                    exc.attempts = retry + 1
                     raise
             retry += 1
-            await self._sleep(self.backoff(retry))  # type: ignore[misc]
-            if streamed and request.on_restart is not None:
+            await self._sleep(wait)  # type: ignore[misc]
+            if request.on_restart is not None:
                 request.on_restart()
-                streamed = False
 
 
 class BreakerLayer:
@@ -119,7 +130,7 @@ class BreakerLayer:
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
         target = request.resolved_target
-        breaker = self.board.get(target.name)
+        breaker = self.board.get(target.breaker_key)
         if not breaker.allow():
             self.auditor.record(AuditRecord.of(request, "breaker_open", time.perf_counter()))
             raise CircuitOpen(target.name)
@@ -135,6 +146,29 @@ class BreakerLayer:
         return result
 
 
+class _Restarts:
+    """Tells the caller to drop a reply's streamed text before the attempt that follows
+    one which streamed some, whether that next attempt is a retry or another target."""
+
+    __slots__ = ("_restart", "_sink", "_streamed")
+
+    def __init__(self, sink: TextSink | None, restart: Callable[[], None] | None) -> None:
+        self._sink = sink
+        self._restart = restart
+        self._streamed = False
+
+    def text(self, text: str) -> None:
+        self._streamed = True
+        if self._sink is not None:
+            self._sink(text)
+
+    def before_next_attempt(self) -> None:
+        if self._streamed:
+            self._streamed = False
+            if self._restart is not None:
+                self._restart()
+
+
 class FailoverLayer:
     """Tries the model ref's target, then each fallback, on system errors."""
 
@@ -143,20 +177,27 @@ class FailoverLayer:
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
         targets = (request.ref.target, *request.ref.fallbacks)
+        restarts = _Restarts(request.on_text, request.on_restart)
+        inner = request.with_stream(
+            on_text=restarts.text if request.on_text is not None else None,
+            on_restart=restarts.before_next_attempt,
+        )
         last: ModelError | None = None
-        attempts = 0
-        for target in targets:
+        attempt = request.attempt
+        for index, target in enumerate(targets):
+            if index:
+                # The target before may have streamed half a reply: the next one's text
+                # must not be appended to it.
+                restarts.before_next_attempt()
             try:
                 return await self.next(
-                    request.with_attempt(
-                        target=target, attempt=request.attempt + attempts, on_text=request.on_text
-                    )
+                    inner.with_attempt(target=target, attempt=attempt, on_text=inner.on_text)
                 )
             except ModelError as exc:
                 # A 4xx or an invalid answer is the request's fault: another model won't help.
                 if not is_transient(exc):
                     raise
                 last = exc
-                attempts += 1
+                attempt += exc.attempts  # attempt numbers stay unique across targets
         assert last is not None
         raise last

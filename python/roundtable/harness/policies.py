@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roundtable.domain.errors import ModelError
+from roundtable.domain.errors import ModelError, ModelRateLimited
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,11 +27,14 @@ class RetryPolicy:
     """Upper bound of one backoff, in seconds."""
     jitter: float = 0.2
     """Fraction of the backoff added or removed at random, so retries do not align."""
+    max_retry_after_s: float = 10.0
+    """Longest wait a 429's Retry-After may impose before a retry on the same target; a
+    longer one ends the target's attempts at once (failover moves on)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerPolicy:
-    """Circuit breaker per target (`llm:<provider>:<model>`)."""
+    """Circuit breaker per target (`llm:<provider>:<model>`, and its server's URL if set)."""
 
     failure_threshold: int = 5
     """Consecutive system failures that open the breaker."""
@@ -57,5 +60,10 @@ def is_transient(error: BaseException) -> bool:
 
 
 def is_system_failure(error: BaseException) -> bool:
-    """Whether an error says the target is unhealthy (what a breaker counts)."""
-    return is_transient(error)
+    """Whether an error says the target is unhealthy (what a breaker counts).
+
+    A 429 does not: it is about the caller's key or quota (one tenant's), not the server's
+    health, and counting it would let one tenant's rate limit refuse every tenant's calls.
+    It is still retried and failed over (`is_transient`).
+    """
+    return is_transient(error) and not isinstance(error, ModelRateLimited)

@@ -62,6 +62,21 @@ class ModelRequest:
             attempt=attempt,
         )
 
+    def with_stream(
+        self, *, on_text: TextSink | None, on_restart: Callable[[], None] | None
+    ) -> ModelRequest:
+        """This request streaming to `on_text`, told to restart through `on_restart`."""
+        return ModelRequest(
+            ref=self.ref,
+            call=self.call,
+            meta=self.meta,
+            credentials=self.credentials,
+            on_text=on_text,
+            on_restart=on_restart,
+            target=self.target,
+            attempt=self.attempt,
+        )
+
 
 Handler = Callable[[ModelRequest], Awaitable[ChatResult]]
 """Anything that takes a request to a result: a layer, or the provider call at the end."""

@@ -6,6 +6,7 @@ correlation attributes of the call, and never the prompt or the reply.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from opentelemetry import trace
@@ -39,6 +40,9 @@ class TelemetryLayer:
             return await self._traced(self.tracer, request)
         except ModelError:
             status = "error"
+            raise
+        except asyncio.CancelledError:
+            status = "cancelled"  # the run was stopped mid-attempt
             raise
         finally:
             target = request.resolved_target
@@ -84,6 +88,9 @@ class TelemetryLayer:
                 # The code, never the message: a provider's message may echo the prompt.
                 span.set_attribute("error.type", exc.code)
                 span.set_status(Status(StatusCode.ERROR, exc.code))
+                raise
+            except asyncio.CancelledError:
+                span.set_attribute("error.type", "cancelled")
                 raise
             span.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)

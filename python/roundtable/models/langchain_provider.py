@@ -139,6 +139,16 @@ class LangChainProvider:
         self, model: BaseChatModel, messages: list[BaseMessage], call: ChatCall, name: str
     ) -> ChatResult:
         assert call.schema is not None
+        # The output cap and temperature go on the model itself: `with_structured_output`
+        # builds a chain whose `ainvoke` keyword arguments never reach the request.
+        fields = type(model).model_fields
+        update: dict[str, Any] = {}
+        if call.max_tokens and "max_tokens" in fields:
+            update["max_tokens"] = call.max_tokens
+        if call.temperature is not None and "temperature" in fields:
+            update["temperature"] = call.temperature
+        if update:
+            model = model.model_copy(update=update)
         runnable = model.with_structured_output(
             call.schema, method=self._structured_method, include_raw=True
         )

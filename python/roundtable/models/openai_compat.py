@@ -15,6 +15,9 @@ Two rules shape the client we build:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 import openai
 from langchain_core.language_models import BaseChatModel
 from langchain_openai import ChatOpenAI, StreamChunkTimeoutError
@@ -64,10 +67,16 @@ def map_openai_error(exc: BaseException) -> ModelError | None:
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         if status == 429:
-            return ModelRateLimited(f"HTTP {status}")
+            limited = ModelRateLimited(f"HTTP {status}")
+            limited.retry_after_s = retry_after_s(exc.response.headers)
+            return limited
         if status >= 500:
             return ModelUnavailable(f"HTTP {status}")
         return ModelRejected(f"HTTP {status}")
+    if isinstance(exc, json.JSONDecodeError):
+        # A stream frame that is not JSON (the SDK parses each SSE event itself): the
+        # server broke mid-answer; another attempt may get a whole one.
+        return ModelUnavailable("malformed stream frame")
     if isinstance(exc, openai.APIError):
         # No HTTP status: an `error` event inside a 200 stream, or a 2xx body that did not
         # parse. Either way the server failed mid-answer, so another attempt may succeed.
@@ -75,17 +84,41 @@ def map_openai_error(exc: BaseException) -> ModelError | None:
     return None
 
 
-def build_openai_provider(*, default_timeout_s: float = 60.0) -> LangChainProvider:
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """The wait a 429 asks for: OpenAI's `retry-after-ms`, else `Retry-After` in seconds
+    (the HTTP-date form is not used by these servers, and is ignored)."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            continue
+        if seconds >= 0:
+            return seconds
+    return None
+
+
+def build_openai_provider(
+    *, default_timeout_s: float = 60.0, max_attempt_timeout_s: float = 0.0
+) -> LangChainProvider:
     """Builds the OpenAI-compatible provider.
 
     Args:
-        default_timeout_s: The HTTP client's timeout in seconds (connect, read, write and
-            pool, each). The harness's per-attempt deadline is separate; this one bounds
-            a server that stops answering even when no deadline was set.
+        default_timeout_s: The HTTP client's connect, write and pool timeouts in seconds,
+            and its read timeout unless `max_attempt_timeout_s` is longer.
+        max_attempt_timeout_s: The longest per-attempt deadline a model ref may ask for
+            (`timeout_ms`). The read timeout is at least this, so a model given ten
+            minutes is not cut off by the client after the default; the harness's
+            per-attempt deadline (the ref's, else the default) bounds every call.
 
     Returns:
         A `LangChainProvider` named `openai` whose models stream and report token usage.
     """
+
+    # The SDK's own Timeout type (its HTTP library, whichever it is).
+    timeout = openai.Timeout(default_timeout_s, read=max(default_timeout_s, max_attempt_timeout_s))
 
     def factory(target: ModelTarget, api_key: str | None) -> BaseChatModel:
         return ChatOpenAI(
@@ -94,7 +127,7 @@ def build_openai_provider(*, default_timeout_s: float = 60.0) -> LangChainProvid
             base_url=target.base_url or None,
             api_key=SecretStr(api_key or NO_API_KEY),
             max_retries=0,
-            timeout=default_timeout_s,
+            timeout=timeout,
             streaming=True,
             # ChatOpenAI leaves streamed usage off for any custom base_url, but budgets need
             # the counts; vLLM and recent Ollama and llama.cpp honour it.
