@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, Memory, Session, SessionKind, Snapshot, UserTurn
@@ -50,6 +52,69 @@ def test_group_directives(text, kind, members) -> None:
     directive = classify(snap(text))
     assert directive.kind is kind
     assert directive.member_ids == members
+
+
+NAMED = (
+    Member(member_id="u-100", display_name="José"),
+    Member(member_id="u-200", display_name="Lin"),
+    Member(member_id="u-300", display_name="张三"),
+    Member(member_id="u-400", display_name="Ann Lee"),
+    Member(member_id="a", display_name="Alice"),
+)
+
+
+def named(text: str) -> Snapshot:
+    return replace(snap(text), members=NAMED)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Is there a discount off the list price?",
+        "the echo will resound off the walls",
+        "don't count off yet",
+        "what does 报数 mean?",
+        "send it to lin@example.org",
+        "@Lindsey said hi",
+        "@anyone there?",
+        "stop@example.org",
+    ],
+)
+def test_words_inside_other_words_or_sentences_are_no_directive(text) -> None:
+    assert classify(named(text)).kind is DirectiveKind.OPEN
+
+
+@pytest.mark.parametrize(
+    ("text", "who"),
+    [
+        ("@Ann Lee what do you think?", ("u-400",)),  # a name with a space
+        ("＠张三 你好", ("u-300",)),  # a full-width @, as CJK input methods type it
+        ("@张三你好", ("u-300",)),  # CJK runs on after a name without a space
+        ("@Lin的看法呢", ("u-200",)),
+        ("@Jose\u0301 hi", ("u-100",)),  # the accent as a combining mark (NFD)
+        ("@JOSÉ and @lin", ("u-100", "u-200")),
+        ("@u-200 please", ("u-200",)),
+        ("@a, what now?", ("a",)),
+    ],
+)
+def test_mentions_are_found_however_the_name_is_typed(text, who) -> None:
+    directive = classify(named(text))
+    assert directive.kind is DirectiveKind.MENTION
+    assert directive.member_ids == who
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("请大家报数", DirectiveKind.COUNT_OFF),
+        ("@all count off, please", DirectiveKind.COUNT_OFF),
+        ("大家报个数吧", DirectiveKind.COUNT_OFF),
+        ("ｓｔｏｐ", DirectiveKind.STOP),
+        ("＠全体成员 你好", DirectiveKind.ALL),
+    ],
+)
+def test_directives_typed_with_full_width_or_polite_words(text, kind) -> None:
+    assert classify(named(text)).kind is kind
 
 
 def test_explicit_mentions_come_first_and_the_flag_means_all() -> None:

@@ -9,30 +9,53 @@ from __future__ import annotations
 
 import itertools
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, SessionKind, Snapshot
 
-# A directive word must stand alone as the user's instruction, not be buried in a sentence
-# about something else: "stop" but not "bus stop schedule?". Punctuation and a polite
-# word around it are fine ("大家报数！", "count off, please").
-_POLITE = r"(?:please|pls|now|everyone|everybody|all|大家|请|现在|一下|吧|们)?"
+# A directive must stand alone as the user's instruction, not be buried in a sentence
+# about something else: "stop" but not "bus stop schedule?", "报数" but not "what does 报数
+# mean?" or "a discount off the list price". Punctuation, @mentions before it and polite
+# words around it are fine ("大家报数！", "请大家报数", "@all count off, please").
+_POLITE = r"(?:please|pls|now|ok|okay|everyone|everybody|all|guys|大家|请|现在|一下|吧|们)"
 _EDGE = r"[\s,.!?;:~，。！？；：、…]*"
 
 
 def _directive(words: str) -> re.Pattern[str]:
     return re.compile(
-        rf"^{_EDGE}(?:@\S+\s+)*{_POLITE}{_EDGE}(?:{words}){_EDGE}{_POLITE}{_EDGE}$",
+        rf"^{_EDGE}(?:@\S+\s+)*(?:{_POLITE}{_EDGE})*(?:{words}){_EDGE}(?:{_POLITE}{_EDGE})*$",
         re.IGNORECASE,
     )
 
 
 _STOP = _directive(r"停止|停|stop|stop it|halt")
 _CONTINUE = _directive(r"继续|continue|go on|keep going|carry on")
-_COUNT_OFF = re.compile(r"报数|count(?:ing)?[\s-]*off|sound[\s-]*off", re.IGNORECASE)
-_ALL = re.compile(r"@(?:全体成员|所有人|all|everyone|everybody)(?![\w])", re.IGNORECASE)
-_MENTION = re.compile(r"@([^\s@,，。.!?！？:：;；]+)")
+_COUNT_OFF = _directive(r"报数|报个数|count(?:ing)?[\s-]*off|sound[\s-]*off")
+# An @ that starts a mention: not inside a word or an e-mail address ("bob@lin.org").
+_AT = r"(?<![\w.])@"
+_ALL = re.compile(rf"{_AT}(?:全体成员|所有人|all|everyone|everybody)(?!\w)")
+_MENTION_AT = re.compile(_AT)
+
+
+def fold(text: str) -> str:
+    """Text as directives compare it: NFKC (full-width "＠张三" and "ｓｔｏｐ" as typed by
+    CJK input methods, composed accents) and case-folded."""
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def _is_cjk(char: str) -> bool:
+    """Whether a character is of a script written without spaces between words."""
+    code = ord(char)
+    return (
+        0x3040 <= code <= 0x30FF  # kana
+        or 0x3400 <= code <= 0x4DBF
+        or 0x4E00 <= code <= 0x9FFF
+        or 0xAC00 <= code <= 0xD7AF  # hangul
+        or 0xF900 <= code <= 0xFAFF
+        or 0x20000 <= code <= 0x2FFFF
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +66,46 @@ class Directive:
     member_ids: tuple[str, ...] = ()
 
 
-def _name_index(members: tuple[Member, ...]) -> dict[str, str]:
-    """Lower-cased display names and aliases to member ids (first one wins on a clash)."""
-    index: dict[str, str] = {}
+@dataclass(frozen=True, slots=True)
+class _Name:
+    """A way to @ a member: a folded display name, alias or member id."""
+
+    text: str
+    member_id: str
+    is_id: bool
+
+    def ends_at(self, text: str, end: int) -> bool:
+        """Whether a mention of this name may end at `end` of `text`.
+
+        "@Lin" is not "@Lindsey", and "@a" is no "@anyone"; but "@Lin的看法" and "@张三你好"
+        are mentions: CJK text runs on after a name without a space.
+        """
+        if end >= len(text):
+            return True
+        following = text[end]
+        if self.is_id:
+            return not (following.isalnum() or following in "-_")
+        if not following.isalnum():
+            return True  # space, punctuation, "'s"
+        return _is_cjk(following) or _is_cjk(self.text[-1])
+
+
+def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
+    """Every way to @ a member, by first character, longest first (first member wins a clash)."""
+    names: dict[str, _Name] = {}
     for member in members:
-        for name in (member.display_name, *member.aliases, member.member_id):
-            index.setdefault(name.lower(), member.member_id)
-    return index
+        for name, is_id in (
+            (member.display_name, False),
+            *((alias, False) for alias in member.aliases),
+            (member.member_id, True),
+        ):
+            folded = fold(name)
+            if folded and folded not in names:
+                names[folded] = _Name(folded, member.member_id, is_id)
+    by_first: dict[str, list[_Name]] = {}
+    for name in sorted(names.values(), key=lambda n: len(n.text), reverse=True):
+        by_first.setdefault(name.text[0], []).append(name)
+    return by_first
 
 
 MAX_MENTION_TOKENS = 256
@@ -63,35 +119,36 @@ the anchored patterns above never see more than this, whatever the user sends)."
 def mentioned_members(snapshot: Snapshot) -> tuple[str, ...]:
     """Members named explicitly (ids first) or by @name / @alias in the text, in order, once each."""
     seen: dict[str, None] = dict.fromkeys(snapshot.user_turn.mentions)
-    index = _name_index(snapshot.members)
-    longest_first = sorted(index, key=len, reverse=True)
+    names = _names(snapshot.members)
+    text = fold(snapshot.user_turn.text)
     everyone = len(snapshot.members)
-    # Only the first MAX_MENTION_TOKENS @-words are read: a 32 KiB wall of "@x" costs nothing.
-    for match in itertools.islice(_MENTION.finditer(snapshot.user_turn.text), MAX_MENTION_TOKENS):
+    # Only the first MAX_MENTION_TOKENS @s are read: a 32 KiB wall of "@x" costs nothing.
+    for match in itertools.islice(_MENTION_AT.finditer(text), MAX_MENTION_TOKENS):
         if len(seen) >= everyone:
             break  # everybody is named already: the rest of a long text changes nothing
-        token = match.group(1).lower()
-        # "@Lin的看法" or "@lin's": try the longest known name the token starts with.
-        member_id = index.get(token) or next(
-            (index[name] for name in longest_first if token.startswith(name)), None
-        )
-        if member_id is not None:
-            seen.setdefault(member_id, None)
+        at = match.end()
+        # The longest name the text goes on with ("@Ann Lee", a name with a space, too).
+        for name in names.get(text[at : at + 1], ()):
+            if text.startswith(name.text, at) and name.ends_at(text, at + len(name.text)):
+                seen.setdefault(name.member_id, None)
+                break
     return tuple(seen)
 
 
 def classify(snapshot: Snapshot) -> Directive:
     """Classifies the user's turn. Pure: the same snapshot always gives the same directive."""
-    text = snapshot.user_turn.text.strip()
-    if len(text) <= MAX_COMMAND_CHARS:
-        if _STOP.match(text):
+    raw = snapshot.user_turn.text.strip()
+    text = fold(raw)
+    command = text if len(raw) <= MAX_COMMAND_CHARS else ""
+    if command:
+        if _STOP.match(command):
             return Directive(DirectiveKind.STOP)
-        if _CONTINUE.match(text):
+        if _CONTINUE.match(command):
             return Directive(DirectiveKind.CONTINUE)
     if snapshot.session.kind is SessionKind.SINGLE:
         return Directive(DirectiveKind.SINGLE, (snapshot.session.primary_member_id,))
     roster = tuple(m.member_id for m in snapshot.members)
-    if _COUNT_OFF.search(text):
+    if command and _COUNT_OFF.match(command):
         return Directive(DirectiveKind.COUNT_OFF, roster)
     if snapshot.user_turn.mention_all or _ALL.search(text):
         return Directive(DirectiveKind.ALL, roster)
