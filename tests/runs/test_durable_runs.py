@@ -403,3 +403,58 @@ async def test_an_immediate_cancel_during_a_committed_append_loses_no_event(
         (3, "run_cancelled"),
     ]
     assert await get_status(stub, "race-1") == pb.RUN_STATUS_CANCELLED
+
+
+async def test_continue_after_a_member_left_speaks_the_steps_of_those_still_here(stub) -> None:
+    call = stub.StartRun(slow_request(run_id="gone-1", thread_id="t-gone"))
+    await read_until(call, is_started(1))
+    await stub.CancelRun(pb.CancelRunRequest(run_id="gone-1", tenant="tenant-1"))
+    await collect(call)
+    # Dave (d) left the session before the user said "继续".
+    more = await collect(
+        stub.StartRun(slow_request("继续", run_id="gone-2", thread_id="t-gone", n=3))
+    )
+    plan = of_kind(more, "plan_created")[0].plan_created
+    assert [s.member_id for s in plan.steps] == ["c"]
+    assert plan.fallback_reason == "no longer in the session: d"
+    assert [f.member_id for f in finals(more)] == ["c"]
+    assert kinds(more)[-1] == "run_completed"
+
+
+async def test_a_run_failed_retryably_resumes_on_retry_keeping_its_finished_speakers(
+    stub, monkeypatch
+) -> None:
+    import roundtable.graph.member as member_module
+
+    real = member_module.select_memories
+    calls = Counter[str]()
+
+    def fails_once_for_carol(memories, *args, **kwargs):
+        calls["all"] += 1
+        if calls["all"] == 3:  # the third speaker, once
+            raise RuntimeError("a transient fault")
+        return real(memories, *args, **kwargs)
+
+    monkeypatch.setattr(member_module, "select_memories", fails_once_for_carol)
+    request = start_request("@all hi", run_id="rf-1", thread_id="t-rf")
+    first = await collect(stub.StartRun(request))
+    failed = of_kind(first, "run_failed")[0].run_failed
+    assert failed.retryable and [f.member_id for f in finals(first)] == ["a", "b"]
+
+    again = await collect(stub.StartRun(request))
+    resumed = last_execution(again)
+    assert resumed[0].run_started.resumed
+    assert [f.member_id for f in finals(resumed)] == ["c", "d"], "a and b not repeated"
+    assert kinds(again)[-1] == "run_completed"
+    assert await get_status(stub, "rf-1") == pb.RUN_STATUS_SUCCEEDED
+
+
+async def test_a_count_off_cut_to_max_speakers_says_so_in_its_plan(stub) -> None:
+    request = start_request(
+        "报数", members=[member(f"m{i}", f"N{i}") for i in range(10)], run_id="cut-1"
+    )
+    request.snapshot.session.budgets.max_speakers = 8
+    events = await collect(stub.StartRun(request))
+    plan = of_kind(events, "plan_created")[0].plan_created
+    assert len(plan.steps) == 8
+    assert plan.fallback_reason == "cut to max_speakers: 8 of 10 members"

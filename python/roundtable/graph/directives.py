@@ -94,12 +94,12 @@ def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
     """Every way to @ a member, by first character, longest first (first member wins a clash)."""
     names: dict[str, _Name] = {}
     for member in members:
-        for name, is_id in (
+        for spelled, is_id in (
             (member.display_name, False),
             *((alias, False) for alias in member.aliases),
             (member.member_id, True),
         ):
-            folded = fold(name)
+            folded = fold(spelled)
             if folded and folded not in names:
                 names[folded] = _Name(folded, member.member_id, is_id)
     by_first: dict[str, list[_Name]] = {}

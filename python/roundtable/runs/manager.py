@@ -219,6 +219,14 @@ class RunManager:
         key = (ctx.tenant, ctx.run_id)
         async with self._lock, contextlib.AsyncExitStack() as guard:
             live = self._live.get(key)
+            if live is not None and live.ended and live.task is not None:
+                # Its terminal event is out and it is writing its registry row: let it, so
+                # a StartRun sent right after a run failed retryably or was cancelled
+                # resumes it, as one sent a moment later does, instead of attaching to
+                # the execution that just ended.
+                self._check_fingerprint(live.record, request, legacy_fingerprint)
+                await asyncio.wait({live.task})
+                live = self._live.get(key)
             if live is not None:
                 self._check_fingerprint(live.record, request, legacy_fingerprint)
                 # As a follower or a replay would: the whole log, earlier executions too.
@@ -236,7 +244,7 @@ class RunManager:
                             ),
                         )
                     # Otherwise the process that ran it is gone (its lease expired): resume.
-                elif record.status not in RESUMABLE:
+                elif record.status not in RESUMABLE and not await self._failed_retryably(record):
                     return await self._replay(record)
             if self._draining:
                 raise Draining()
@@ -284,7 +292,11 @@ class RunManager:
                     ctx.tenant, ctx.run_id, self.owner, self.lease_s
                 ):
                     current = await self.store.get_run(ctx.tenant, ctx.run_id)
-                    if current is not None and current.status not in ACTIVE | RESUMABLE:
+                    if (
+                        current is not None
+                        and current.status not in ACTIVE | RESUMABLE
+                        and not await self._failed_retryably(current)
+                    ):
                         # A continue turn took it over (or it ended) since it was read.
                         return await self._replay(current)
                     # Another replica got there first: follow it (and take over if it dies).
@@ -450,6 +462,18 @@ class RunManager:
             ):
                 return Continuation(run_id=earlier.run_id, steps=steps)
         return None
+
+    async def _failed_retryably(self, record: RunRecord) -> bool:
+        """Whether the run failed with `retryable` set (an internal error, not a deadline):
+        the same StartRun then resumes it, as `RunFailed.retryable` promises, like a run a
+        crash interrupted, finished speakers kept."""
+        if record.status is not RunStatus.FAILED:
+            return False
+        last = await self.store.read_events(record.tenant, record.run_id, record.last_seq - 1)
+        if not last:
+            return False
+        event = epb.RunEvent.FromString(last[-1].body)
+        return event.WhichOneof("payload") == "run_failed" and event.run_failed.retryable
 
     async def _steps_left(self, record: RunRecord) -> tuple[PlanStep, ...]:
         progress = Progress()

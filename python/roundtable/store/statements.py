@@ -96,8 +96,9 @@ class Statements:
             acquire_lease=(
                 f"UPDATE rt_runs SET owner={p}, lease_until={p} WHERE tenant={p} AND run_id={p} "
                 f"AND (owner='' OR owner={p} OR lease_until<{p}) "
-                # A run a continue turn took over is never run again.
-                "AND status IN ('running','queued','cancelled','interrupted')"
+                # A run a continue turn took over is never run again, nor one that ended;
+                # a failed one only when it failed retryably (the manager checks the log).
+                "AND status IN ('running','queued','cancelled','interrupted','failed')"
             ),
             renew_lease=(
                 f"UPDATE rt_runs SET lease_until={p} WHERE tenant={p} AND run_id={p} AND owner={p}"

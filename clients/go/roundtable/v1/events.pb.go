@@ -685,7 +685,10 @@ type PlanCreated struct {
 	Source PlanSource `protobuf:"varint,2,opt,name=source,proto3,enum=roundtable.v1.PlanSource" json:"source,omitempty"`
 	// Why the plan fell back, when source is FALLBACK (for example
 	// "supervisor_error", "supervisor_timeout", "invalid_plan: unknown member
-	// m9"). Empty otherwise. Never contains model output verbatim.
+	// m9"); or why a deterministic or continued plan has fewer speakers than
+	// asked ("nothing to continue", "cut to max_speakers: 8 of 10 members",
+	// "no longer in the session: m3"). Empty otherwise. Never contains model
+	// output verbatim.
 	FallbackReason string `protobuf:"bytes,3,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
 	// The speakers, in speaking order.
 	Steps []*PlanStep `protobuf:"bytes,4,rep,name=steps,proto3" json:"steps,omitempty"`
@@ -1726,7 +1729,9 @@ type RunFailed struct {
 	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
 	// A human-readable reason, free of prompt text and secrets.
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	// True when sending the same StartRun again may succeed.
+	// True when sending the same StartRun again may succeed: it resumes the run
+	// (finished speakers are kept). False: it replays this failure (a run past
+	// its deadline, say); a new turn needs a new run_id.
 	Retryable     bool `protobuf:"varint,3,opt,name=retryable,proto3" json:"retryable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

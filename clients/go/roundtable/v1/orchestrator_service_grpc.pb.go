@@ -53,8 +53,9 @@ type OrchestratorServiceClient interface {
 	// the run's terminal event (run_completed, run_cancelled or run_failed).
 	//
 	// Idempotent on (tenant, run_id): the same run_id with the same snapshot
-	// attaches to the live run, resumes an interrupted or cancelled one
-	// (finished speakers are not repeated), or replays a finished one from the
+	// attaches to the live run, resumes an interrupted or cancelled one, or one
+	// whose run_failed said retryable (finished speakers are not repeated), or
+	// replays a finished one from the
 	// event log with the same seq numbers. Whichever it does, the stream is the
 	// run's log from seq 1, then its live events: a run that was stopped and
 	// resumed holds each execution, from its run_started to its terminal event
@@ -174,8 +175,9 @@ type OrchestratorServiceServer interface {
 	// the run's terminal event (run_completed, run_cancelled or run_failed).
 	//
 	// Idempotent on (tenant, run_id): the same run_id with the same snapshot
-	// attaches to the live run, resumes an interrupted or cancelled one
-	// (finished speakers are not repeated), or replays a finished one from the
+	// attaches to the live run, resumes an interrupted or cancelled one, or one
+	// whose run_failed said retryable (finished speakers are not repeated), or
+	// replays a finished one from the
 	// event log with the same seq numbers. Whichever it does, the stream is the
 	// run's log from seq 1, then its live events: a run that was stopped and
 	// resumed holds each execution, from its run_started to its terminal event

@@ -33,8 +33,19 @@ def deterministic_steps(ctx: GraphContext) -> tuple[list[PlanStep], str]:
     if directive.kind is DirectiveKind.CONTINUE:
         if ctx.continuation is None:
             return [], "nothing to continue"
-        return list(ctx.continuation.steps), ""
+        # A member who left the session since cannot take their step: it is dropped, and
+        # the reason says whose.
+        present = {m.member_id for m in ctx.request.snapshot.members}
+        steps = [s for s in ctx.continuation.steps if s.member_id in present]
+        gone = [s.member_id for s in ctx.continuation.steps if s.member_id not in present]
+        return steps, f"no longer in the session: {', '.join(gone)}" if gone else ""
     members = directive.member_ids[: budgets.max_speakers]
+    # The contract cuts a count-off or @all to max_speakers; the plan says so.
+    cut = (
+        f"cut to max_speakers: {len(members)} of {len(directive.member_ids)} members"
+        if len(members) < len(directive.member_ids)
+        else ""
+    )
     if directive.kind is DirectiveKind.COUNT_OFF:
         total = len(members)
         return [
@@ -47,7 +58,7 @@ def deterministic_steps(ctx: GraphContext) -> tuple[list[PlanStep], str]:
                 count_off_number=i + 1,
             )
             for i, member_id in enumerate(members)
-        ], ""
+        ], cut
     task = _TASKS[directive.kind]
     return [
         PlanStep(
@@ -58,7 +69,7 @@ def deterministic_steps(ctx: GraphContext) -> tuple[list[PlanStep], str]:
             token_budget=budgets.max_output_tokens,
         )
         for i, member_id in enumerate(members)
-    ], ""
+    ], cut if directive.kind is DirectiveKind.ALL else ""
 
 
 async def deterministic_router(
