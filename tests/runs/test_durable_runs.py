@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
@@ -458,3 +459,26 @@ async def test_a_count_off_cut_to_max_speakers_says_so_in_its_plan(stub) -> None
     plan = of_kind(events, "plan_created")[0].plan_created
     assert len(plan.steps) == 8
     assert plan.fallback_reason == "cut to max_speakers: 8 of 10 members"
+
+
+@pytest.mark.parametrize("mode", [pb.CANCEL_MODE_GRACEFUL, pb.CANCEL_MODE_IMMEDIATE])
+async def test_a_queued_run_cancelled_ends_at_once_not_after_the_run_ahead(stub, mode) -> None:
+    ahead = stub.StartRun(slow_request(run_id=f"qa-{mode}", thread_id=f"t-q-{mode}"))
+    await read_until(ahead, is_started(0))
+    enqueue = pb.RunOptions(busy_thread_policy=pb.BUSY_THREAD_POLICY_ENQUEUE)
+    queued = stub.StartRun(
+        slow_request("@Bob hi", run_id=f"qb-{mode}", thread_id=f"t-q-{mode}", options=enqueue)
+    )
+    for _ in range(500):  # until the server has it, queued
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            if await get_status(stub, f"qb-{mode}") == pb.RUN_STATUS_QUEUED:
+                break
+        await asyncio.sleep(0.01)
+    answer = await stub.CancelRun(
+        pb.CancelRunRequest(run_id=f"qb-{mode}", tenant="tenant-1", mode=mode)
+    )
+    assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+    assert kinds(await collect(queued)) == ["run_started", "run_cancelled"]
+    assert await get_status(stub, f"qa-{mode}") == pb.RUN_STATUS_RUNNING, "it did not wait"
+    assert kinds(await collect(ahead))[-1] == "run_completed"
+    assert await get_status(stub, f"qb-{mode}") == pb.RUN_STATUS_CANCELLED

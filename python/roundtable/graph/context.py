@@ -9,6 +9,7 @@ the run's results instead of growing with the history.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -46,6 +47,9 @@ class StopSignal:
     def __init__(self) -> None:
         self.reason = ""
         self.poller: Callable[[], Awaitable[str]] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        """Made only when something waits (`wait`): most runs never do, and a parked
+        run's memory counts."""
 
     async def refresh(self) -> None:
         """Picks up a stop recorded elsewhere (no-op without a poller)."""
@@ -62,6 +66,16 @@ class StopSignal:
     def request(self, reason: str) -> None:
         """Asks the run to stop before its next speaker (the first reason wins)."""
         self.reason = self.reason or reason
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Returns once a stop is requested (at once if one was)."""
+        if self.reason:
+            return
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._waiter)
 
 
 class Drained(Exception):

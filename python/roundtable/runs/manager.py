@@ -49,6 +49,7 @@ from roundtable.graph.context import (
     GraphContext,
     GraphSettings,
     Prior,
+    StopSignal,
 )
 from roundtable.graph.directives import Directive, classify
 from roundtable.harness.chain import Harness
@@ -104,6 +105,23 @@ class NewThreads(Protocol):
 
     def forget_new(self, thread_id: str) -> None:
         """Drops the mark if the run ended before reading."""
+
+
+def _route(request: RunRequest) -> Route:
+    return Route.SINGLE if request.snapshot.session.kind is SessionKind.SINGLE else Route.GROUP
+
+
+async def _until_stopped(waiting: Awaitable[Any], stop: StopSignal) -> None:
+    """Awaits `waiting`, or less: until a stop is requested (then `waiting` is cancelled)."""
+    queued = asyncio.ensure_future(waiting)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((queued, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        queued.cancel()
+        stopped.cancel()
+    if queued.done() and not queued.cancelled():
+        queued.result()  # its error, if it failed
 
 
 def _both(
@@ -541,9 +559,19 @@ class RunManager:
             live.stop.poller = lambda: self._remote_cancel(record, sink=sink)
         try:
             if launch.wait_for is not None:
-                await launch.wait_for()
+                # Queued behind the thread's other runs, until they end or this one is
+                # cancelled (which need not wait for them).
+                await _until_stopped(launch.wait_for(), live.stop)
                 await live.stop.refresh()  # a cancel another replica recorded meanwhile
                 if live.stop.requested:
+                    # This execution still opens with run_started, as every one does.
+                    await sink.emit(
+                        RunStarted(
+                            route=_route(request),
+                            resumed=launch.resumed,
+                            thread_id=request.context.thread_id,
+                        )
+                    )
                     raise Drained(live.stop.reason)
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
@@ -552,11 +580,12 @@ class RunManager:
                 # Claimed only now, once the run may start: a continue turn queued behind
                 # another run takes over whatever is left when its turn comes.
                 continuation = await self._continuation_of(record)
-            route = (
-                Route.SINGLE if request.snapshot.session.kind is SessionKind.SINGLE else Route.GROUP
-            )
             await sink.emit(
-                RunStarted(route=route, resumed=launch.resumed, thread_id=request.context.thread_id)
+                RunStarted(
+                    route=_route(request),
+                    resumed=launch.resumed,
+                    thread_id=request.context.thread_id,
+                )
             )
             context = GraphContext(
                 request=request,
