@@ -126,7 +126,7 @@ async def test_http_errors_map_without_leaking_the_body(
     assert PROMPT not in text
     assert str(status) in caught.value.detail
     assert caught.value.__cause__ is None
-    assert caught.value.__suppress_context__
+    assert caught.value.__context__ is None, "the SDK's error holds the request, key included"
     assert len(server.requests) == 1, "the SDK must not retry; the harness does"
 
 

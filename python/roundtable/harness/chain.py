@@ -42,7 +42,8 @@ class ProviderCall:
         except Exception as exc:
             # A provider bug fails this call, not the whole run; the type says enough, and
             # its message could echo the prompt or a key.
-            raise ModelError(f"provider {target.provider!r} raised {type(exc).__name__}") from None
+            failure = ModelError(f"provider {target.provider!r} raised {type(exc).__name__}")
+        raise failure  # outside the handler: the provider's exception is not its context
 
 
 class Harness:

@@ -104,7 +104,10 @@ class LangChainProvider:
             mapped = self._map_error(exc)
             if mapped is None:
                 raise
-            raise mapped from None
+        # Raised here, outside the handler, so the SDK's exception is not even its
+        # __context__: it holds the HTTP request, Authorization header included, and an
+        # error reporter walking the chain would find the key there.
+        raise mapped
 
     async def _stream(
         self,
