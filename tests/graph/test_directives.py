@@ -139,6 +139,13 @@ def test_single_chat_ignores_group_directives_but_not_stop() -> None:
         ("I refuse.", 3, "misses its number"),
         ("3 " + "and a long story " * 5, 3, "too long"),
         ("１２", 12, ""),
+        ("三号！", 3, ""),
+        ("十二", 12, ""),
+        ("十二", 2, "holds another number"),
+        ("我是一号，不是二号", 1, "holds another number"),
+        ("我来说一下：3", 3, ""),
+        ("二十三号到", 23, ""),
+        ("第一", 3, "holds another number"),
     ],
 )
 def test_count_off_check(reply, number, problem) -> None:

@@ -22,11 +22,40 @@ def count_off_task(number: int, total: int) -> str:
     )
 
 
-def _cjk(number: int) -> str:
-    if number <= 10:
-        return _CJK_DIGITS[number]
-    tens, ones = divmod(number, 10)
-    return (_CJK_DIGITS[tens] if tens > 1 else "") + "十" + (_CJK_DIGITS[ones] if ones else "")
+_CJK_NUMBER = re.compile(f"[{_CJK_DIGITS}]+")
+_ORDINAL_BEFORE = "第"
+_COUNTER_AFTER = "号位名"
+
+
+def _is_han(char: str) -> bool:
+    return "\u4e00" <= char <= "\u9fff"
+
+
+def _cjk_value(numeral: str) -> int | None:
+    """The value of a Chinese numeral up to 99 ("三", "十二", "二十三"); None otherwise."""
+    if "十" not in numeral:
+        return _CJK_DIGITS.index(numeral) if len(numeral) == 1 else None
+    tens, _, ones = numeral.partition("十")
+    if len(tens) > 1 or len(ones) > 1 or "十" in ones:
+        return None
+    return (_CJK_DIGITS.index(tens) if tens else 1) * 10 + (_CJK_DIGITS.index(ones) if ones else 0)
+
+
+def _cjk_numbers(text: str) -> list[int]:
+    """The Chinese numerals of `text` that stand for a number: alone ("二！", "十二"), after
+    第 or before 号/位/名 ("第三", "三号"); not those inside words ("一下", "一起")."""
+    found = []
+    for match in _CJK_NUMBER.finditer(text):
+        before = text[match.start() - 1] if match.start() else ""
+        after = text[match.end()] if match.end() < len(text) else ""
+        standalone = not _is_han(before) and not _is_han(after)
+        if standalone or before == _ORDINAL_BEFORE or (after and after in _COUNTER_AFTER):
+            value = _cjk_value(match.group())
+            # A run of digits that is no numeral ("一二三") counts as its digits.
+            found.extend(
+                [value] if value is not None else [_CJK_DIGITS.index(c) for c in match.group()]
+            )
+    return found
 
 
 def check_count_off(reply: str, number: int) -> str:
@@ -38,8 +67,9 @@ def check_count_off(reply: str, number: int) -> str:
         int(n.translate(str.maketrans("０１２３４５６７８９", "0123456789")))
         for n in _NUMBER.findall(text)
     ]
+    found += _cjk_numbers(text)
     if any(n != number for n in found):
         return "holds another number"
-    if number not in found and _cjk(number) not in text:
+    if number not in found:
         return "misses its number"
     return ""
