@@ -387,3 +387,28 @@ async def test_two_replicas_starting_turns_of_one_thread_at_once_never_both_run(
                 )
             )
     assert outcomes == [["FAILED_PRECONDITION", "run_completed"]] * 10
+
+
+async def test_a_run_queued_on_one_replica_is_cancelled_at_once_from_another(
+    shared_store: str, tmp_path: Path
+) -> None:
+    first = six_speakers("rep-q")
+    thread = first.context.thread_id
+    waiting = thread_turn(thread, "rep-q-w", pb.BUSY_THREAD_POLICY_ENQUEUE, "@Bob hi")
+    async with replica_stubs(shared_store, tmp_path) as (a_stub, b_stub):
+        call = a_stub.StartRun(first)
+        await until_speaking(call)
+        behind = asyncio.create_task(collect(a_stub.StartRun(waiting)))
+        for _ in range(500):  # until replica A has recorded it, queued
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                queued = await b_stub.GetRun(pb.GetRunRequest(run_id="rep-q-w", tenant="tenant-1"))
+                if queued.run.status == pb.RUN_STATUS_QUEUED:
+                    break
+            await asyncio.sleep(0.01)
+        answer = await b_stub.CancelRun(pb.CancelRunRequest(run_id="rep-q-w", tenant="tenant-1"))
+        assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+        waited = await behind
+        still = await b_stub.GetRun(pb.GetRunRequest(run_id="rep-q", tenant="tenant-1"))
+        assert still.run.status == pb.RUN_STATUS_RUNNING, "the queued run did not wait for it"
+        await collect(call)
+    assert kinds(waited)[-1] == "run_cancelled"

@@ -482,3 +482,14 @@ async def test_a_queued_run_cancelled_ends_at_once_not_after_the_run_ahead(stub,
     assert await get_status(stub, f"qa-{mode}") == pb.RUN_STATUS_RUNNING, "it did not wait"
     assert kinds(await collect(ahead))[-1] == "run_completed"
     assert await get_status(stub, f"qb-{mode}") == pb.RUN_STATUS_CANCELLED
+
+
+async def test_stream_of_a_live_run_after_a_seq_it_never_gave_out_is_refused(stub) -> None:
+    call = stub.StartRun(slow_request(run_id="past-1", thread_id="t-past"))
+    await read_until(call, is_started(0))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(
+            stub.StreamRun(pb.StreamRunRequest(run_id="past-1", tenant="tenant-1", after_seq=999))
+        )
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert kinds(await collect(call))[-1] == "run_completed", "the run goes on"

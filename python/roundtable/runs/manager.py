@@ -561,7 +561,15 @@ class RunManager:
             if launch.wait_for is not None:
                 # Queued behind the thread's other runs, until they end or this one is
                 # cancelled (which need not wait for them).
-                await _until_stopped(launch.wait_for(), live.stop)
+                # A cancel recorded by another replica reaches a queued run by polling.
+                watcher = (
+                    asyncio.create_task(self._poll_stop(live.stop)) if self.store.shared else None
+                )
+                try:
+                    await _until_stopped(launch.wait_for(), live.stop)
+                finally:
+                    if watcher is not None:
+                        watcher.cancel()
                 await live.stop.refresh()  # a cancel another replica recorded meanwhile
                 if live.stop.requested:
                     # This execution still opens with run_started, as every one does.
@@ -701,6 +709,13 @@ class RunManager:
                 del self._threads[live.thread_key]
         live.finish()
 
+    async def _poll_stop(self, stop: StopSignal) -> None:
+        """Asks the store for a cancel recorded elsewhere every `follow_poll_s` until one
+        is found (for a run that waits, and so passes no speaker boundary)."""
+        while not stop.requested:
+            await asyncio.sleep(self.follow_poll_s)
+            await stop.refresh()
+
     async def _keep_lease(self, live: LiveRun) -> None:
         """Renews the run's lease while it runs; honours cancels recorded by other replicas.
 
@@ -834,6 +849,12 @@ class RunManager:
         """
         live = self._live.get((tenant, run_id))
         if live is not None:
+            if after_seq > live.record.last_seq:
+                # As for a finished run: a seq the run never gave out is the caller's
+                # mistake (another run's seq, say), not something to wait for.
+                raise StreamGap(
+                    f"after_seq {after_seq} is past the run's last seq {live.record.last_seq}"
+                )
             return await self._subscribe(live, after_seq=after_seq)
         record = await self.store.get_run(tenant, run_id)
         if record is None:
