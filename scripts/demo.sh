@@ -34,8 +34,10 @@ echo "== count-off"; "$rt" chat --target "$target" --thread demo-1 "大家报数
 echo; echo "== @mention"; "$rt" chat --target "$target" --thread demo-2 "@Mei @Kai what do you make of this? Remember that I prefer short answers."
 echo; echo "== open discussion"; "$rt" chat --target "$target" --thread demo-3 "Should we learn to brew tea or build a robot this weekend?"
 echo; echo "== stop (a second turn on the same thread stops the live one at its next speaker)"
-"$rt" chat --target "$target" --thread demo-4 "@all tell me about your day" &
+# The two chats run at once; each one's lines are printed whole, the stopped turn's first.
+"$rt" chat --target "$target" --thread demo-4 "@all tell me about your day" >"$work/talk.out" &
 talk=$!
 sleep 0.6
-"$rt" chat --target "$target" --thread demo-4 "停止"
+"$rt" chat --target "$target" --thread demo-4 "停止" >"$work/stop.out"
 wait $talk
+cat "$work/talk.out"; echo; cat "$work/stop.out"

@@ -55,45 +55,76 @@ def demo_snapshot(text: str, *, kind: str = "group") -> spb.Snapshot:
     return snapshot
 
 
-def render(event: epb.RunEvent, names: dict[str, str], out: TextIO) -> None:
-    """Prints one event as a line of chat."""
-    kind = event.WhichOneof("payload")
-    if kind == "run_started":
-        resumed = " (resumed)" if event.run_started.resumed else ""
-        out.write(f"── run started{resumed}\n")
-    elif kind == "plan_created":
-        p = event.plan_created
-        who = ", ".join(names.get(s.member_id, s.member_id) for s in p.steps) or "nobody"
-        source = epb.PlanSource.Name(p.source).removeprefix("PLAN_SOURCE_").lower()
-        why = f" ({p.fallback_reason})" if p.fallback_reason else ""
-        directive = epb.DirectiveKind.Name(p.directive).removeprefix("DIRECTIVE_KIND_").lower()
-        out.write(f"── plan [{directive}, {source}{why}]: {who}\n")
-    elif kind == "speaker_started":
-        s = event.speaker_started
-        retry = f" (attempt {s.attempt})" if s.attempt > 1 else ""
-        out.write(f"{names.get(s.member_id, s.member_id)}{retry}: ")
-    elif kind == "assistant_delta":
-        out.write(event.assistant_delta.text)
-    elif kind == "assistant_final":
-        f = event.assistant_final
-        note = " [replaced]" if f.finish_reason == epb.FINISH_REASON_REPLACED else ""
-        out.write(f"\n   ✓ {f.content}{note}\n")
-    elif kind == "speaker_failed":
-        failed = event.speaker_failed
-        out.write(f"\n   ✗ {names.get(failed.member_id, failed.member_id)} failed: {failed.code}\n")
-    elif kind == "memory_proposed":
-        for proposal in event.memory_proposed.proposals:
-            who = names.get(proposal.member_id, proposal.member_id)
-            out.write(f"── memory for {who}: {proposal.content}\n")
-    elif kind == "run_cancelled":
-        out.write(
-            f"── cancelled ({event.run_cancelled.reason}); {len(event.run_cancelled.steps_left)} step(s) left\n"
-        )
-    elif kind == "run_completed":
-        out.write(f"── done: {len(event.run_completed.replies)} reply(ies)\n")
-    elif kind == "run_failed":
-        out.write(f"── failed: {event.run_failed.code} {event.run_failed.message}\n")
-    out.flush()
+class ChatRenderer:
+    """Prints a turn's events as chat lines.
+
+    A reply's streamed text is shown as it comes; its final then adds only what the deltas
+    did not show (the server drops the last buffered delta when the final follows at once),
+    or shows the whole final on a line of its own when the deltas said something else (a
+    retried attempt, a replaced count-off reply).
+    """
+
+    def __init__(self, names: dict[str, str], out: TextIO) -> None:
+        self.names = names
+        self.out = out
+        self._shown = ""
+        """The text streamed so far for the reply being written."""
+        self._attempt = 0
+
+    def __call__(self, event: epb.RunEvent) -> None:
+        """Prints one event."""
+        out, names = self.out, self.names
+        kind = event.WhichOneof("payload")
+        if kind == "run_started":
+            resumed = " (resumed)" if event.run_started.resumed else ""
+            out.write(f"── run started{resumed}\n")
+        elif kind == "plan_created":
+            p = event.plan_created
+            who = ", ".join(names.get(s.member_id, s.member_id) for s in p.steps) or "nobody"
+            source = epb.PlanSource.Name(p.source).removeprefix("PLAN_SOURCE_").lower()
+            why = f" ({p.fallback_reason})" if p.fallback_reason else ""
+            directive = epb.DirectiveKind.Name(p.directive).removeprefix("DIRECTIVE_KIND_").lower()
+            out.write(f"── plan [{directive}, {source}{why}]: {who}\n")
+        elif kind == "speaker_started":
+            s = event.speaker_started
+            retry = f" (attempt {s.attempt})" if s.attempt > 1 else ""
+            out.write(f"{names.get(s.member_id, s.member_id)}{retry}: ")
+            self._shown, self._attempt = "", 0
+        elif kind == "assistant_delta":
+            delta = event.assistant_delta
+            if self._shown and delta.attempt != self._attempt:
+                out.write("\n   (again) ")  # the model call was retried: its text starts over
+                self._shown = ""
+            self._attempt = delta.attempt
+            self._shown += delta.text
+            out.write(delta.text)
+        elif kind == "assistant_final":
+            f = event.assistant_final
+            note = " [replaced]" if f.finish_reason == epb.FINISH_REASON_REPLACED else ""
+            if self._shown and f.content.startswith(self._shown):
+                out.write(f"{f.content[len(self._shown) :]}{note}\n")
+            elif self._shown:
+                out.write(f"\n   ✓ {f.content}{note}\n")
+            else:
+                out.write(f"{f.content}{note}\n")
+            self._shown = ""
+        elif kind == "speaker_failed":
+            failed = event.speaker_failed
+            who = names.get(failed.member_id, failed.member_id)
+            out.write(f"\n   ✗ {who} failed: {failed.code}\n")
+            self._shown = ""
+        elif kind == "memory_proposed":
+            for proposal in event.memory_proposed.proposals:
+                who = names.get(proposal.member_id, proposal.member_id)
+                out.write(f"── memory for {who}: {proposal.content}\n")
+        elif kind == "run_cancelled":
+            left = len(event.run_cancelled.steps_left)
+            out.write(f"── cancelled ({event.run_cancelled.reason}); {left} step(s) left\n")
+        elif kind == "run_completed":
+            out.write(f"── done: {len(event.run_completed.replies)} reply(ies)\n")
+        elif kind == "run_failed":
+            out.write(f"── failed: {event.run_failed.code} {event.run_failed.message}\n")
+        out.flush()
 
 
 def run_chat(argv: Sequence[str]) -> int:
@@ -186,11 +217,12 @@ async def send_turn(
 ) -> int:
     """Streams one StartRun and renders it; returns the exit code."""
     security = security or ClientSecurity()
+    render = ChatRenderer(names, out)
     async with security.channel(target) as channel:
         stub = pb_grpc.OrchestratorServiceStub(channel)
         try:
             async for response in stub.StartRun(request, metadata=security.metadata()):
-                render(response.event, names, out)
+                render(response.event)
         except grpc.aio.AioRpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1

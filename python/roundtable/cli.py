@@ -14,16 +14,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else "help"
     if command == "serve":
+        from roundtable.domain.errors import InvalidSettings
         from roundtable.server import serve
         from roundtable.settings import load_settings
 
         settings = load_settings(args)
         # Batched from a background thread: an audit line never makes the loop wait.
         writer = logs.configure(settings.log_level, sys.stderr)
+        mistake: InvalidSettings | None = None
         try:
             asyncio.run(serve(settings))
+        except InvalidSettings as exc:
+            mistake = exc
         finally:
             writer.stop()  # writes what is queued
+        if mistake is not None:
+            # A configuration mistake is the operator's to fix: say what, not a traceback.
+            print(f"roundtable serve: error: {mistake.detail or mistake}", file=sys.stderr)
+            return 2
         return 0
     if command == "chat":
         from roundtable.chat import run_chat
@@ -39,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "       roundtable chat [--target HOST:PORT] [--snapshot FILE] [--kind group|single]\n"
         "                       [--token-file F] [--tls-ca-file F [--tls-cert-file F --tls-key-file F]] TEXT\n"
         "       roundtable graph   (prints the conversation graph as Mermaid)",
-        file=sys.stderr if command != "help" else sys.stdout,
+        file=sys.stdout if command in {"help", "-h", "--help"} else sys.stderr,
     )
     return 0 if command in {"help", "-h", "--help"} else 2
 

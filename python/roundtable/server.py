@@ -202,11 +202,11 @@ async def running_server(
         ),
         server,
     )
-    host, port = settings.host_port
+    address = settings.bind_address
     bound = (
-        server.add_insecure_port(f"{host}:{port}")
+        server.add_insecure_port(address)
         if credentials is None
-        else server.add_secure_port(f"{host}:{port}", credentials)
+        else server.add_secure_port(address, credentials)
     )
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -238,7 +238,7 @@ async def serve(settings: Settings) -> None:
             "roundtable serving on %s:%d (store %s)",
             settings.host_port[0],
             running.port,
-            settings.store,
+            settings.store_for_logs,
         )
         await stop.wait()
         log.info("shutting down: draining %d live run(s)", running.manager.live_count)

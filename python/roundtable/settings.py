@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit, urlunsplit
 
 from roundtable.domain.snapshot import Budgets
 
@@ -39,7 +40,7 @@ class Settings:
     `gateway-1=tenant-a|tenant-b;gateway-2=*`."""
     allow_unauthenticated: bool = False
     """Listen on a non-loopback address with no caller auth (no tokens, no mutual TLS)."""
-    store: str = "sqlite:///var/roundtable.db"
+    store: str = field(default="sqlite:///var/roundtable.db", repr=False)
     """Where runs, events and checkpoints live: sqlite:///path/to/file.db, or
     postgresql://user@host:port/db for several replicas."""
     checkpoint_durability: str = "exit"
@@ -99,11 +100,36 @@ class Settings:
         host, _, port = self.listen.rpartition(":")
         return host.strip("[]") or "127.0.0.1", int(port)
 
+    @property
+    def bind_address(self) -> str:
+        """The listen address as gRPC binds it (an IPv6 host in brackets)."""
+        host, port = self.host_port
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def store_for_logs(self) -> str:
+        """The store URL without a password or query (which may hold credentials too)."""
+        return redact_url(self.store)
+
+
+def redact_url(url: str) -> str:
+    """`url` without user info and query: safe to log or to put on a metric."""
+    parts = urlsplit(url)
+    if not parts.netloc:
+        return url.split("?", 1)[0]
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
 
 def _convert(field: dataclasses.Field[object], raw: str) -> object:
     kind = type(field.default)
     if kind is bool:
-        return raw.lower() in {"1", "true", "yes", "on"}
+        word = raw.strip().lower()
+        if word in {"1", "true", "yes", "on"}:
+            return True
+        if word in {"0", "false", "no", "off", ""}:
+            return False
+        raise ValueError(raw)  # "ture" is a typo, not false
     if kind is int:
         return int(raw)
     if kind is float:

@@ -9,7 +9,10 @@ import re
 
 import grpc
 import pytest
-from roundtable.graph.nodes.propose_memory import MemoryProposals
+from roundtable.api.convert import run_request_from_proto
+from roundtable.api.limits import RequestLimits
+from roundtable.domain.snapshot import Budgets
+from roundtable.graph.nodes.propose_memory import MemoryProposals, ProposedMemory, accept
 from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep
 from roundtable.runs.manager import checkpoint_thread
 from roundtable.v1 import events_pb2 as epb
@@ -362,10 +365,11 @@ async def test_a_failing_speaker_does_not_stop_the_plan(stub) -> None:
     assert [r.member_id for r in completed.replies] == ["a", "c"]
 
 
-async def test_memory_proposals_cite_their_evidence(stub) -> None:
-    events = await collect(
-        stub.StartRun(start_request("@Bob remember that I prefer green tea in the morning"))
-    )
+@pytest.mark.parametrize("after", ["", "\u2028thanks", "\u0085thanks"])
+async def test_memory_proposals_cite_their_evidence(stub, after) -> None:
+    # U+2028 and U+0085 stay unescaped in a prompt's JSON: they must not break it.
+    text = f"@Bob remember that I prefer green tea in the morning{after}"
+    events = await collect(stub.StartRun(start_request(text)))
     (reply,) = finals(events)
     (proposed,) = of_kind(events, "memory_proposed")
     (proposal,) = proposed.memory_proposed.proposals
@@ -384,3 +388,25 @@ async def test_no_memory_proposal_without_a_statement(stub) -> None:
 async def test_reply_ids_are_derived_from_run_and_step(stub) -> None:
     events = await collect(stub.StartRun(start_request("报数", run_id="run-xyz")))
     assert [f.reply_id for f in finals(events)] == [f"run-xyz#{i}" for i in range(4)]
+
+
+def test_the_same_memory_proposed_twice_is_one_proposal_citing_both() -> None:
+    snapshot = run_request_from_proto(
+        start_request("hi"), limits=RequestLimits(), defaults=Budgets()
+    ).snapshot
+    replies = [
+        {"reply_id": "r#0", "member_id": "a", "content": "x", "failed": False},
+        {"reply_id": "r#1", "member_id": "a", "content": "y", "failed": False},
+    ]
+    twice = [
+        ProposedMemory(
+            member_id="a",
+            action="create",
+            content="likes tea",
+            evidence_reply_ids=[r],
+            importance=i,
+        )
+        for r, i in (("r#0", 0.4), ("r#1", 0.7))
+    ]
+    (only,) = accept(twice, snapshot, replies, "r")  # type: ignore[arg-type]
+    assert only.evidence_reply_ids == ("r#0", "r#1") and only.importance == 0.7

@@ -6,6 +6,7 @@ import pytest
 from roundtable.domain import prompt_sections as sections
 from roundtable.domain.errors import ModelRejected, ModelUnavailable
 from roundtable.domain.snapshot import ModelTarget
+from roundtable.graph.countoff import count_off_task
 from roundtable.graph.nodes.supervisor import SupervisorPlan
 from roundtable.models.base import ChatCall, ChatMessage
 from roundtable.models.langchain_provider import LangChainProvider
@@ -23,7 +24,7 @@ MEMBER = ChatCall(
 COUNT = ChatCall(
     messages=(
         ChatMessage("system", "You are Lin."),
-        ChatMessage("user", f"报数\n\n{sections.TASK}\nCount-off: you are number 3 of 4."),
+        ChatMessage("user", f"报数\n\n{sections.TASK}\n{count_off_task(3, 4)}"),
     )
 )
 
@@ -78,3 +79,16 @@ async def test_the_token_budget_cuts_the_reply() -> None:
     call = ChatCall(messages=MEMBER.messages, max_tokens=3)
     result = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
     assert result.finish_reason == "length" and result.usage.output_tokens == 3
+
+
+async def test_an_open_question_about_a_number_is_not_read_as_a_count_off() -> None:
+    # A supervisor's task carries the user's words; "number 7" in them is no count-off.
+    task = "Give your view on: Is number 7 a lucky number?"
+    call = ChatCall(
+        messages=(
+            ChatMessage("system", "You are Lin."),
+            ChatMessage("user", f"Is number 7 a lucky number?\n\n{sections.TASK}\n{task}"),
+        )
+    )
+    answer = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
+    assert answer.text != "7!" and "lucky" in answer.text

@@ -137,6 +137,27 @@ async def test_a_resumed_run_continues_the_new_trace_and_links_to_the_first(star
     assert resumed.links == [(CLIENT_TRACE, first_rpc.span_id)]
 
 
+async def test_get_stream_and_cancel_spans_carry_the_run_they_are_about(start_server) -> None:
+    request = start_request("报数", run_id="traced-4", thread_id="th-4")
+    with OtlpReceiver() as receiver:
+        telemetry = telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+        async with start_server(telemetry=telemetry) as server:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                stub = pb_grpc.OrchestratorServiceStub(channel)
+                await collect(stub.StartRun(request))
+                ids = dict(run_id="traced-4", tenant="tenant-1")
+                await stub.GetRun(pb.GetRunRequest(**ids))
+                await collect(stub.StreamRun(pb.StreamRunRequest(**ids)))
+                await stub.CancelRun(pb.CancelRunRequest(**ids))
+            telemetry.force_flush()
+    for rpc in ("GetRun", "StreamRun", "CancelRun"):
+        (span,) = receiver.named(f"/roundtable.v1.OrchestratorService/{rpc}")
+        attrs = span.attributes
+        assert (attrs[RUN_ID], attrs[TENANT], attrs[CALLER_NODE]) == ("traced-4", "tenant-1", rpc)
+        if rpc != "StreamRun":
+            assert attrs[THREAD_ID] == "th-4", rpc
+
+
 async def test_metrics_are_exported(start_server) -> None:
     with OtlpReceiver() as receiver:
         telemetry = telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})

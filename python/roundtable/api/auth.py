@@ -132,7 +132,9 @@ def read_token_file(path: str) -> dict[str, frozenset[str]]:
         where = f"{flag} {path} entry #{number}"
         if not token.strip() or not isinstance(tenants, list):
             raise InvalidSettings(f"{where}: expected a non-empty token -> a list of tenants")
-        tokens[token] = _tenant_set(tenants, where)
+        # Stripped as presented tokens are (a trailing newline in the file must not make
+        # a token that can never match).
+        tokens[token.strip()] = _tenant_set(tenants, where)
     return tokens
 
 

@@ -26,7 +26,14 @@ from roundtable.domain.snapshot import Budgets, DisconnectPolicy
 from roundtable.runs.manager import RunManager
 from roundtable.runs.progress import Progress
 from roundtable.store.base import RunRecord, RunStatus
-from roundtable.telemetry.attributes import run_correlation
+from roundtable.telemetry.attributes import (
+    CALLER_NODE,
+    CONVERSATION_ID,
+    RUN_ID,
+    TENANT,
+    THREAD_ID,
+    run_correlation,
+)
 from roundtable.telemetry.metrics import Metrics, no_metrics
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -181,6 +188,7 @@ class OrchestratorServicer:
         violations = validate_run_ids(request.run_id, request.tenant, self.limits)
         if violations:
             await _abort(context, InvalidRequest(violations))
+        _mark_span(request.tenant, request.run_id, "StreamRun")
         try:
             self.auth.authorize_access(context, request.tenant, request.run_id)
             subscription = await self.manager.stream(
@@ -207,6 +215,7 @@ class OrchestratorServicer:
             violations.append(InvalidRequest.violation("reason", "must be at most 256 characters"))
         if violations:
             await _abort(context, InvalidRequest(violations))
+        _mark_span(request.tenant, request.run_id, "CancelRun")
         try:
             self.auth.authorize_access(context, request.tenant, request.run_id)
             result = await self.manager.cancel(
@@ -217,6 +226,7 @@ class OrchestratorServicer:
             )
         except RoundtableError as exc:
             await _abort(context, exc)
+        _mark_span(request.tenant, request.run_id, "CancelRun", result.record.thread_id)
         return pb.CancelRunResponse(
             outcome=pb.CANCEL_OUTCOME_REQUESTED
             if result.accepted
@@ -231,12 +241,27 @@ class OrchestratorServicer:
         violations = validate_run_ids(request.run_id, request.tenant, self.limits)
         if violations:
             await _abort(context, InvalidRequest(violations))
+        _mark_span(request.tenant, request.run_id, "GetRun")
         try:
             self.auth.authorize_access(context, request.tenant, request.run_id)
             record, progress = await self.manager.describe(request.tenant, request.run_id)
         except RoundtableError as exc:
             await _abort(context, exc)
+        _mark_span(request.tenant, request.run_id, "GetRun", record.thread_id)
         return pb.GetRunResponse(run=run_to_proto(record, progress))
+
+
+def _mark_span(tenant: str, run_id: str, rpc: str, thread_id: str = "") -> None:
+    """Puts what this RPC knows of the run's correlation on its span (the gRPC
+    interceptor's, when spans are exported): an operator finds a cancel or a re-attach by
+    its run id, tenant or thread like every other span of the run."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    attributes = {RUN_ID: run_id, TENANT: tenant, CALLER_NODE: rpc}
+    if thread_id:
+        attributes |= {THREAD_ID: thread_id, CONVERSATION_ID: thread_id}
+    span.set_attributes(attributes)
 
 
 def add_to_server(servicer: OrchestratorServicer, server: grpc.aio.Server) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from urllib.parse import urlsplit, urlunsplit
 
 
 class SessionKind(StrEnum):
@@ -69,7 +70,13 @@ class ModelTarget:
         """Whose health a circuit breaker tracks: the target's name, and its server when
         the target names one (two tenants' vLLM servers serving the same model are two
         targets: one being down must not refuse calls to the other)."""
-        return f"{self.name}@{self.base_url}" if self.base_url else self.name
+        if not self.base_url:
+            return self.name
+        # The server only: a URL's user info or query may hold a key, and the key is
+        # also reported on metrics.
+        parts = urlsplit(self.base_url)
+        server = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+        return f"{self.name}@{server}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -53,7 +53,9 @@ from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import ChatCall, ChatResult, TextSink
 
 _TOKEN = re.compile(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]+\s*|\s+")
-_NUMBER_TASK = re.compile(r"(?:number|序号)\D{0,12}(\d+)", re.IGNORECASE)
+# The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
+# question about "number 7" that a supervisor puts in a task is no count-off.
+_NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.")
 # "remember that X" keeps X; "I prefer X" keeps the whole statement (the verb is the fact).
 _EXPLICIT_MEMORY = re.compile(
     r"(?:(?:please remember|remember that|remember:|记住)[:：,，]?\s*([^.!?。！？\n]+))"
@@ -123,7 +125,9 @@ def _sections(text: str) -> dict[str, str]:
     """Splits a prompt into its `## Heading` sections."""
     out: dict[str, str] = {}
     current = ""
-    for line in text.splitlines():
+    # "\n" only: splitlines() also splits at U+2028, U+0085 and friends, which JSON
+    # sections carry unescaped (json.dumps with ensure_ascii=False) inside a user's text.
+    for line in text.split("\n"):
         if line.startswith("## "):
             current = line.strip()
             out[current] = ""

@@ -11,6 +11,7 @@ graph at dispatch (`nothing_to_remember`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Literal
 
@@ -62,6 +63,9 @@ def accept(
     reply_ids = {r["reply_id"] for r in replies if not r["failed"]}
     members = {m.member_id: m for m in snapshot.members}
     out: list[MemoryProposal] = []
+    # The same memory proposed twice (a member who spoke in two rounds, say) is one
+    # proposal, citing the evidence of both.
+    same: dict[tuple[str, str, str, str], int] = {}
     for p in proposals:
         member = members.get(p.member_id)
         evidence = tuple(e for e in p.evidence_reply_ids if e in reply_ids or e == "user")
@@ -73,6 +77,16 @@ def accept(
             continue
         if p.action != "forget" and not p.content.strip():
             continue
+        key = (p.member_id, p.action, p.target_memory_id, p.content.strip())
+        if key in same:
+            first = out[same[key]]
+            out[same[key]] = dataclasses.replace(
+                first,
+                importance=max(first.importance, p.importance),
+                evidence_reply_ids=tuple(dict.fromkeys((*first.evidence_reply_ids, *evidence))),
+            )
+            continue
+        same[key] = len(out)
         out.append(
             MemoryProposal(
                 proposal_id=f"{run_id}:memory:{len(out)}",
