@@ -67,3 +67,13 @@ def test_a_token_file_entry_with_stray_whitespace_still_matches(tmp_path: Path) 
     path = tmp_path / "tokens.json"
     path.write_text(json.dumps({"s3cret-token\n": ["acme"]}), encoding="utf-8")
     assert read_token_file(str(path)) == {"s3cret-token": frozenset({"acme"})}
+
+
+def test_tokens_over_plaintext_beyond_loopback_are_warned_about(caplog) -> None:
+    from roundtable.api.tls import check_listen_address
+
+    check_listen_address(Settings(listen="0.0.0.0:50051"), authenticated=True)
+    assert "bearer tokens travel in cleartext" in caplog.text
+    caplog.clear()
+    check_listen_address(Settings(listen="127.0.0.1:50051"), authenticated=True)
+    assert "cleartext" not in caplog.text

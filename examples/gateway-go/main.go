@@ -126,7 +126,7 @@ func run(o options) int {
 	}
 	summary.RetriedRun, summary.ThreadID = retried, request.GetContext().GetThreadId()
 
-	dial, err := o.security.dialOptions()
+	dial, err := o.security.dialOptions(o.target)
 	if err != nil {
 		return fail(&summary, err)
 	}
@@ -197,6 +197,15 @@ func run(o options) int {
 		return fail(&summary, err)
 	}
 	summary.Status = turn.terminal
+	if turn.resumable {
+		// Not finished: the sidecar stopped it (shutdown) or it failed retryably, and the
+		// resumes tried here did not get through. The same run id goes on with it.
+		msg := fmt.Sprintf("%s (%s): the run can go on; retry with -run-id %s", turn.terminal, turn.terminalMsg, o.runID)
+		span.SetStatus(otelcodes.Error, msg)
+		summary.Error = msg
+		fmt.Fprintln(os.Stderr, "error: "+msg)
+		return 1
+	}
 	if turn.terminal == "failed" {
 		span.SetStatus(otelcodes.Error, turn.terminalMsg)
 		summary.Error = turn.terminalMsg

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
@@ -23,7 +24,7 @@ type security struct {
 
 // dialOptions turns the flags into gRPC dial options: transport credentials (TLS or
 // plaintext) and, with a token, per-RPC credentials that send `authorization: Bearer`.
-func (s security) dialOptions() ([]grpc.DialOption, error) {
+func (s security) dialOptions(target string) ([]grpc.DialOption, error) {
 	token := os.Getenv("ROUNDTABLE_TOKEN")
 	if s.tokenFile != "" {
 		data, err := os.ReadFile(s.tokenFile)
@@ -60,8 +61,10 @@ func (s security) dialOptions() ([]grpc.DialOption, error) {
 	}
 	options := []grpc.DialOption{grpc.WithTransportCredentials(transport)}
 	if token != "" {
-		// Over plaintext only a loopback sidecar accepts callers without TLS; the token
-		// still goes, as it does for grpcurl -plaintext.
+		if s.caFile == "" && !loopback(target) {
+			// A bearer token over plaintext is readable by anyone on the path.
+			return nil, fmt.Errorf("refusing to send a token in cleartext to %s: pass -tls-ca (or use a loopback address)", target)
+		}
 		options = append(options, grpc.WithPerRPCCredentials(bearer{token: token, tls: s.caFile != ""}))
 	}
 	return options, nil
@@ -78,3 +81,23 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 }
 
 func (b bearer) RequireTransportSecurity() bool { return b.tls }
+
+// loopback says whether a dial target ("host:port", "dns:///host:port", "unix:...") is
+// this machine, where plaintext never leaves it.
+func loopback(target string) bool {
+	if strings.HasPrefix(target, "unix:") {
+		return true
+	}
+	if i := strings.LastIndex(target, "/"); i >= 0 {
+		target = target[i+1:]
+	}
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		host = target
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

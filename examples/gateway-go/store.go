@@ -181,11 +181,18 @@ func (s *Store) PutReply(m Message) bool {
 	return true
 }
 
-// History returns the last n messages of a thread, oldest first.
+// History returns the last n messages of a thread, oldest first. A turn the sidecar
+// never took (refused, or never reached it) is left out: nobody answered it.
 func (s *Store) History(tenant, threadID string, n int) []Message {
+	untaken := map[string]bool{}
+	for _, r := range s.data.Runs {
+		if r.Tenant == tenant && r.ThreadID == threadID && (r.Status == "rejected" || r.LastSeq == 0) {
+			untaken[r.RunID] = true
+		}
+	}
 	var out []Message
 	for _, m := range s.data.Messages {
-		if m.Tenant == tenant && m.ThreadID == threadID {
+		if m.Tenant == tenant && m.ThreadID == threadID && !untaken[m.RunID] {
 			out = append(out, m)
 		}
 	}

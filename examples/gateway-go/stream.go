@@ -24,6 +24,10 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// shutdownReason is run_cancelled's reason when the sidecar stopped the run to shut
+// down: nobody cancelled it, and the same StartRun resumes it.
+const shutdownReason = "server_shutdown"
+
 var (
 	// errDropHook is the -drop-after test hook closing the stream on purpose.
 	errDropHook = errors.New("stream closed by -drop-after")
@@ -69,6 +73,8 @@ type Turn struct {
 	resumed     bool
 	terminal    string // completed, cancelled or failed, once a terminal event arrived
 	terminalMsg string
+	resumable   bool // the terminal event says the same StartRun would go on with the run
+	restart     bool // send StartRun again (to resume), not StreamRun
 	replies     map[string]*ReplyResult
 	accepted    []MemoryDecision
 	rejected    []MemoryDecision
@@ -91,8 +97,25 @@ func (t *Turn) Run(ctx context.Context) error {
 	for {
 		before := t.handled
 		err := t.attach(ctx)
-		if t.terminal != "" {
+		if t.terminal != "" && !t.resumable {
 			return nil
+		}
+		if t.terminal != "" {
+			// Stopped by the sidecar's shutdown, or failed retryably: the same StartRun
+			// resumes the run (finished speakers are kept), here or on a restarted sidecar.
+			if failures++; failures > t.MaxFailures {
+				return nil // the summary says it can be resumed with -run-id
+			}
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			fmt.Fprintf(t.Out, "── the run can go on (%s); sending the same StartRun to resume it\n", t.terminalMsg)
+			span.AddEvent("resume", trace.WithAttributes(attribute.String("cause", t.terminalMsg)))
+			t.restart = true
+			continue
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("turn aborted after seq %d: %w", t.lastSeq, ctx.Err())
@@ -115,7 +138,7 @@ func (t *Turn) Run(ctx context.Context) error {
 			backoff = min(2*backoff, 5*time.Second)
 		}
 		t.endLine()
-		if t.lastSeq == 0 { // nothing handled yet: StartRun is idempotent on run_id
+		if t.lastSeq == 0 || t.restart { // StartRun is idempotent on run_id
 			span.AddEvent("retry_start_run", trace.WithAttributes(attribute.String("cause", err.Error())))
 			fmt.Fprintf(t.Out, "── StartRun failed (%v); sending it again\n", err)
 			continue
@@ -133,11 +156,13 @@ func (t *Turn) attach(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // closes the stream, whatever ends it
 	var recv func() (*roundtablev1.RunEvent, error)
-	if t.lastSeq == 0 {
+	if t.lastSeq == 0 || t.restart {
 		stream, err := t.Client.StartRun(ctx, t.Request)
 		if err != nil {
 			return err
 		}
+		// It streams the run's log from seq 1: what was handled is skipped by seq.
+		t.restart = false
 		recv = func() (*roundtablev1.RunEvent, error) {
 			r, err := stream.Recv()
 			return r.GetEvent(), err
@@ -239,7 +264,7 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 	switch p := ev.GetPayload().(type) {
 	case *roundtablev1.RunEvent_RunStarted:
 		t.resumed = t.resumed || p.RunStarted.GetResumed()
-		t.terminal, t.terminalMsg = "", "" // an earlier execution's end was not the run's
+		t.terminal, t.terminalMsg, t.resumable = "", "", false // an earlier execution's end was not the run's
 		note := ""
 		if p.RunStarted.GetResumed() {
 			note = " (resumed)"
@@ -312,11 +337,13 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 		c := p.RunCancelled
 		t.endLine()
 		fmt.Fprintf(t.Out, "── cancelled (%s); %d step(s) left\n", c.GetReason(), len(c.GetStepsLeft()))
+		t.resumable = c.GetReason() == shutdownReason
 		return t.finish("cancelled", c.GetReason(), ev.GetSeq())
 	case *roundtablev1.RunEvent_RunFailed:
 		f := p.RunFailed
 		t.endLine()
 		fmt.Fprintf(t.Out, "── failed: %s %s (retryable: %t)\n", f.GetCode(), f.GetMessage(), f.GetRetryable())
+		t.resumable = f.GetRetryable()
 		return t.finish("failed", f.GetCode()+": "+f.GetMessage(), ev.GetSeq())
 	default:
 		t.endLine()
@@ -351,10 +378,13 @@ func (t *Turn) persistReply(f *roundtablev1.AssistantFinal) error {
 	if t.open != f.GetReplyId() { // no speaker_started seen for it on this stream
 		t.startLine(f.GetReplyId(), 0)
 	}
-	switch t.openText {
-	case "": // a replay has no deltas: show the final text
+	switch {
+	case t.openText == "": // a replay has no deltas: show the final text
 		fmt.Fprint(t.Out, f.GetContent())
-	case f.GetContent(): // the deltas said it all
+	case strings.HasPrefix(f.GetContent(), t.openText):
+		// The deltas showed the start (the server drops the last buffered delta when the
+		// final follows at once): add the rest on the same line.
+		fmt.Fprint(t.Out, f.GetContent()[len(t.openText):])
 	default: // the deltas were cut by a re-attach, or replaced: show what counts
 		t.endLine()
 		fmt.Fprintf(t.Out, "   (final) %s\n", f.GetContent())

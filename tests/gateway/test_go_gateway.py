@@ -376,6 +376,80 @@ async def test_a_cancelled_run_retried_resumes_and_its_replay_ends_at_the_last_e
     assert_each_reply_stored_once(db, "res-1", second["replies"])
 
 
+async def test_a_run_stopped_by_a_sidecar_restart_is_resumed_by_the_gateway(
+    gateway_binary: Path, tmp_path: Path
+) -> None:
+    """The sidecar shuts down mid-turn (SIGTERM: the run ends run_cancelled with reason
+    server_shutdown) and comes back on the same database: the gateway sends the same
+    StartRun again until it gets through, and the turn completes with every reply once."""
+    servers = [
+        await ServerProcess(
+            tmp_path / "rt.db", tmp_path / "rt-1.log", "--offline-token-delay-ms", "10"
+        ).start()
+    ]
+    proxy = CuttableProxy(servers[0].address)  # the sidecar's address, whichever process
+    target = await proxy.start()
+    db = tmp_path / "gateway.json"
+    restarts: list[asyncio.Task[Any]] = []
+
+    async def restart() -> None:
+        await servers[0].stop()
+        servers.append(
+            await ServerProcess(
+                tmp_path / "rt.db", tmp_path / "rt-2.log", "--offline-token-delay-ms", "10"
+            ).start()
+        )
+        proxy.upstream = servers[-1].address
+
+    def restart_after_first_reply(line: str) -> None:
+        if "✓ persisted rs-1#0" in line and not restarts:
+            restarts.append(asyncio.get_running_loop().create_task(restart()))
+
+    try:
+        run = await run_gateway(
+            gateway_binary,
+            target,
+            db,
+            "-run-id",
+            "rs-1",
+            "-text",
+            "@all tell me about your day",
+            on_line=restart_after_first_reply,
+        )
+        await asyncio.gather(*restarts)
+    finally:
+        await proxy.close()
+        for server in servers:
+            await server.stop()
+    summary = run.summary
+    assert "── cancelled (server_shutdown)" in run.stdout
+    assert "sending the same StartRun to resume it" in run.stdout
+    assert summary["status"] == "completed" and summary["resumed"], run.stdout
+    assert [r["member_id"] for r in summary["replies"]] == ROSTER
+    assert_each_reply_stored_once(db, "rs-1", summary["replies"])
+
+
+async def test_a_token_is_not_sent_in_cleartext_beyond_this_machine(
+    gateway_binary: Path, tmp_path: Path
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        str(gateway_binary),
+        "-target",
+        "192.0.2.10:50051",  # TEST-NET-1: never reached, the gateway refuses before dialling
+        "-db",
+        str(tmp_path / "gateway.json"),
+        "-text",
+        "hi",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**_env(), "ROUNDTABLE_TOKEN": "tok-3f9a"},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode != 0
+    assert b"refusing to send a token in cleartext" in err
+    assert b"tok-3f9a" not in out + err
+
+
 async def test_go_unit_tests_pass() -> None:
     """The gateway's own Go tests (memory rules, the store)."""
     go = shutil.which("go")

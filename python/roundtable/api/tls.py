@@ -75,10 +75,17 @@ def check_listen_address(settings: Settings, *, authenticated: bool) -> None:
         InvalidSettings: the listen address is not loopback, no caller authentication is
             configured and `allow_unauthenticated` is off.
     """
-    if authenticated:
-        return
     host, port = settings.host_port
     where = f"{host}:{port}"
+    if authenticated:
+        if not settings.tls_cert_file and not is_loopback(host):
+            # Bearer tokens then cross the network in the clear, readable on the path.
+            log.warning(
+                "serving on %s without TLS: callers' bearer tokens travel in cleartext "
+                "(set --tls-cert-file and --tls-key-file)",
+                where,
+            )
+        return
     if is_loopback(host):
         log.warning(
             "serving on %s without caller authentication: any local process may act for any "

@@ -1,0 +1,48 @@
+"""`roundtable chat` prints a turn as a person reads it: each reply once."""
+
+from __future__ import annotations
+
+import io
+
+from roundtable.chat import ChatRenderer
+from roundtable.v1 import events_pb2 as epb
+
+
+def started(member: str) -> epb.RunEvent:
+    return epb.RunEvent(speaker_started=epb.SpeakerStarted(member_id=member, reply_id="r#0"))
+
+
+def delta(text: str, attempt: int = 1) -> epb.RunEvent:
+    return epb.RunEvent(
+        assistant_delta=epb.AssistantDelta(reply_id="r#0", text=text, attempt=attempt)
+    )
+
+
+def final(content: str) -> epb.RunEvent:
+    return epb.RunEvent(
+        assistant_final=epb.AssistantFinal(reply_id="r#0", member_id="m", content=content)
+    )
+
+
+def shown(*events: epb.RunEvent) -> str:
+    out = io.StringIO()
+    render = ChatRenderer({"m": "Mei"}, out)
+    for event in events:
+        render(event)
+    return out.getvalue()
+
+
+def test_the_final_adds_only_what_the_deltas_did_not_show() -> None:
+    # The server drops the last buffered delta when the final follows it at once.
+    assert shown(started("m"), delta("Hello, "), final("Hello, world.")) == "Mei: Hello, world.\n"
+
+
+def test_a_reply_without_deltas_is_shown_from_its_final() -> None:
+    assert shown(started("m"), final("1!")) == "Mei: 1!\n"
+
+
+def test_a_retried_attempt_starts_its_text_over_and_a_different_final_stands_alone() -> None:
+    text = shown(started("m"), delta("The answer is fo"), delta("Hi", attempt=2), final("Hi."))
+    assert text == "Mei: The answer is fo\n   (again) Hi.\n"
+    replaced = shown(started("m"), delta("seven"), final("3!"))
+    assert replaced == "Mei: seven\n   ✓ 3!\n"
