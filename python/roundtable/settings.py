@@ -7,9 +7,8 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from urllib.parse import urlsplit, urlunsplit
 
-from roundtable.domain.snapshot import Budgets
+from roundtable.domain.snapshot import Budgets, server_of
 
 _BUDGETS = Budgets()
 """The domain's budget defaults: the settings' defaults are these, written once."""
@@ -109,16 +108,7 @@ class Settings:
     @property
     def store_for_logs(self) -> str:
         """The store URL without a password or query (which may hold credentials too)."""
-        return redact_url(self.store)
-
-
-def redact_url(url: str) -> str:
-    """`url` without user info and query: safe to log or to put on a metric."""
-    parts = urlsplit(url)
-    if not parts.netloc:
-        return url.split("?", 1)[0]
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+        return server_of(self.store)
 
 
 def _convert(field: dataclasses.Field[object], raw: str) -> object:

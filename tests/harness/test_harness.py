@@ -302,3 +302,15 @@ async def test_rate_limits_do_not_open_the_breaker() -> None:
             await h.call(request())
     assert (await h.call(request())).text == "ok"
     assert h.breakers.get("llm:fake:primary").state is BreakerState.CLOSED
+
+
+@pytest.mark.parametrize(
+    ("base_url", "key"),
+    [
+        ("http://user:pw@10.0.0.1:8000/v1?api-key=k3y", "llm:fake:m@http://10.0.0.1:8000/v1"),
+        ("http://[::1", "llm:fake:m@http://[::1"),  # malformed: never an error of the run
+        ("", "llm:fake:m"),
+    ],
+)
+def test_a_breaker_key_names_the_server_and_never_its_credentials(base_url, key) -> None:
+    assert ModelTarget(provider="fake", model="m", base_url=base_url).breaker_key == key

@@ -51,6 +51,21 @@ class RunContext:
     tenant: str
 
 
+def server_of(url: str) -> str:
+    """`url` without user info, query or fragment: what may be logged or put on a metric.
+
+    Never raises: a URL too malformed to split ("http://[::1") keeps what precedes any
+    "?" and follows the last "@".
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("?", 1)[0].split("#", 1)[0].rpartition("@")[2]
+    if not parts.netloc:
+        return url.split("?", 1)[0].split("#", 1)[0]
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelTarget:
     """One concrete model at one provider."""
@@ -74,9 +89,7 @@ class ModelTarget:
             return self.name
         # The server only: a URL's user info or query may hold a key, and the key is
         # also reported on metrics.
-        parts = urlsplit(self.base_url)
-        server = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
-        return f"{self.name}@{server}"
+        return f"{self.name}@{server_of(self.base_url)}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
