@@ -194,6 +194,11 @@ func run(o options) int {
 			store.UpdateRun(o.tenant, o.runID, "rejected", 0)
 			_ = store.Save()
 		}
+		if turn.lastSeq > 0 && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			// Interrupted here (Ctrl-C, -timeout): the run goes on in the sidecar
+			// (DISCONNECT_POLICY_CONTINUE); the same run id picks it up again.
+			err = fmt.Errorf("%w; the run goes on in the sidecar: re-attach with -run-id %s", err, o.runID)
+		}
 		return fail(&summary, err)
 	}
 	summary.Status = turn.terminal
