@@ -113,6 +113,8 @@ async def _speak(
         nonlocal text_attempt
         text_attempt += 1
 
+    model_attempts = 0  # model calls, the harness's retries and failovers included
+    answered_by = ""  # the model of the last answer, once there is one
     for attempt in range(1, tries + 1):
         await ctx.sink.emit(
             SpeakerStarted(
@@ -133,6 +135,24 @@ async def _speak(
         try:
             result = await ctx.harness.call(request)
         except ModelError as exc:
+            model_attempts += exc.attempts
+            if step.count_off_number and answered_by:
+                # The member answered, wrongly, and asking again failed: the count-off
+                # still gets its number (the contract's replacement), not a failure.
+                content = str(step.count_off_number)
+                await ctx.sink.emit(
+                    AssistantFinal(
+                        reply_id=step.reply_id,
+                        member_id=member.member_id,
+                        step=step.index,
+                        content=content,
+                        model=answered_by,
+                        usage=usage,
+                        finish_reason=FinishReason.REPLACED,
+                        attempts=model_attempts,
+                    )
+                )
+                return SpeakerOutcome(_reply(step, content, failed=False), usage)
             await ctx.sink.emit(
                 SpeakerFailed(
                     reply_id=step.reply_id,
@@ -140,10 +160,12 @@ async def _speak(
                     step=step.index,
                     code=exc.code,
                     message=str(exc),
-                    attempts=attempt,
+                    attempts=model_attempts,
                 )
             )
             return SpeakerOutcome(_reply(step, "", failed=True), usage)
+        model_attempts += result.attempts
+        answered_by = result.model
         usage = usage + result.usage
         content = result.text.strip()
         finish = FinishReason.LENGTH if result.finish_reason == "length" else FinishReason.STOP
@@ -173,7 +195,7 @@ async def _speak(
                 model=result.model,
                 usage=usage,
                 finish_reason=finish,
-                attempts=attempt,
+                attempts=model_attempts,
             )
         )
         return SpeakerOutcome(_reply(step, content, failed=False), usage)

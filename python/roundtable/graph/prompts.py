@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from roundtable.domain import prompt_sections as sections
 from roundtable.domain.plan import PlanStep
-from roundtable.domain.snapshot import Member, Memory, MessageRole, Snapshot
+from roundtable.domain.snapshot import Member, Memory, MessageRole, SessionKind, Snapshot
 from roundtable.graph.state import ReplyDict
 from roundtable.models.base import ChatMessage
 
@@ -32,7 +32,7 @@ def member_system_prompt(member: Member, snapshot: Snapshot, memories: Sequence[
     if memories:
         parts.append(f"{sections.MEMORIES}\n" + "\n".join(f"- {m.content}" for m in memories))
     others = [m.display_name for m in snapshot.members if m.member_id != member.member_id]
-    if others:
+    if others and snapshot.session.kind is SessionKind.GROUP:  # a single chat is one-to-one
         parts.append(
             "You are in a group chat with the user and " + ", ".join(others) + ". "
             "Speak only for yourself."

@@ -108,7 +108,8 @@ class RetryLayer:
                 target=request.target, attempt=request.attempt + retry, on_text=request.on_text
             )
             try:
-                return await self.next(attempt)
+                result = await self.next(attempt)
+                return result if not retry else _with_attempts(result, retry + 1)
             except ModelError as exc:
                 wait = self.wait_before_retry(exc, retry + 1)
                 if wait is None:
@@ -190,14 +191,31 @@ class FailoverLayer:
                 # must not be appended to it.
                 restarts.before_next_attempt()
             try:
-                return await self.next(
+                result = await self.next(
                     inner.with_attempt(target=target, attempt=attempt, on_text=inner.on_text)
                 )
             except ModelError as exc:
+                # Attempt numbers stay unique across targets; the error counts them all.
+                exc.attempts += attempt - request.attempt
                 # A 4xx or an invalid answer is the request's fault: another model won't help.
                 if not is_transient(exc):
                     raise
                 last = exc
-                attempt += exc.attempts  # attempt numbers stay unique across targets
+                attempt = request.attempt + exc.attempts
+                continue
+            earlier = attempt - request.attempt
+            return _with_attempts(result, result.attempts + earlier) if earlier else result
         assert last is not None
         raise last
+
+
+def _with_attempts(result: ChatResult, attempts: int) -> ChatResult:
+    """`result`, counting `attempts` (spelled out: `dataclasses.replace` introspects)."""
+    return ChatResult(
+        text=result.text,
+        parsed=result.parsed,
+        usage=result.usage,
+        finish_reason=result.finish_reason,
+        model=result.model,
+        attempts=attempts,
+    )

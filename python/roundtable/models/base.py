@@ -51,6 +51,8 @@ class ChatResult:
     finish_reason: str = "stop"
     model: str = ""
     """`provider/model` of the target that answered (after failover)."""
+    attempts: int = 1
+    """Model attempts the harness made for it, retries and failovers included."""
 
 
 class ChatProvider(Protocol):

@@ -1106,7 +1106,8 @@ type AssistantFinal struct {
 	Usage *TokenUsage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Why the reply ended.
 	FinishReason FinishReason `protobuf:"varint,7,opt,name=finish_reason,json=finishReason,proto3,enum=roundtable.v1.FinishReason" json:"finish_reason,omitempty"`
-	// How many attempts it took (validation retries included).
+	// How many model calls it took: the harness's retries and failovers and a
+	// count-off's re-asks included.
 	Attempts      uint32 `protobuf:"varint,8,opt,name=attempts,proto3" json:"attempts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1213,7 +1214,8 @@ type SpeakerFailed struct {
 	Code string `protobuf:"bytes,4,opt,name=code,proto3" json:"code,omitempty"`
 	// A human-readable reason, free of prompt text and secrets.
 	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
-	// Model attempts made.
+	// Model calls made: the harness's retries and failovers and a count-off's
+	// re-asks included.
 	Attempts      uint32 `protobuf:"varint,6,opt,name=attempts,proto3" json:"attempts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -11,6 +11,7 @@ from langgraph.runtime import Runtime
 
 from roundtable.domain.events import PlanCreated
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
+from roundtable.domain.snapshot import SessionKind
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import count_off_task
 from roundtable.graph.state import ConversationState, step_to_dict
@@ -32,6 +33,17 @@ def deterministic_steps(ctx: GraphContext) -> tuple[list[PlanStep], str]:
         return [], ""
     if directive.kind is DirectiveKind.CONTINUE:
         if ctx.continuation is None:
+            if ctx.request.snapshot.session.kind is SessionKind.SINGLE:
+                # In a one-to-one chat "go on" asks the assistant to say more: it answers.
+                return [
+                    PlanStep(
+                        index=0,
+                        member_id=ctx.request.snapshot.session.primary_member_id,
+                        reply_id=reply_id_for(run_id, 0),
+                        task=_TASKS[DirectiveKind.SINGLE],
+                        token_budget=budgets.max_output_tokens,
+                    )
+                ], "nothing to continue: answered as a message"
             return [], "nothing to continue"
         # A member who left the session since cannot take their step: it is dropped, and
         # the reason says whose.

@@ -56,6 +56,14 @@ def check_plan(plan: SupervisorPlan, snapshot: Snapshot, *, speakers_left: int) 
     unknown = [s.member_id for s in plan.steps if s.member_id not in known]
     if unknown:
         return "invalid_plan: unknown member " + ", ".join(u[:64] for u in unknown[:3])
+    blank = [s.member_id for s in plan.steps if not s.task.strip()]
+    if blank:
+        return "invalid_plan: blank task for " + ", ".join(b[:64] for b in blank[:3])
+    ids = [s.member_id for s in plan.steps]
+    twice = sorted({m for m in ids if ids.count(m) > 1})
+    if twice:
+        # One round gives each member one turn; a second would answer itself.
+        return "invalid_plan: duplicate member " + ", ".join(t[:64] for t in twice[:3])
     if len(plan.steps) > speakers_left:
         return f"invalid_plan: {len(plan.steps)} speakers over a budget of {speakers_left}"
     limit = snapshot.session.budgets.max_output_tokens
