@@ -269,3 +269,54 @@ async def test_an_append_by_a_replica_that_lost_the_run_is_refused(server) -> No
         (1, b"x1"),
         (2, b"y2"),
     ]
+
+
+async def test_a_run_marked_interrupted_at_start_up_is_no_longer_its_late_owners() -> None:
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    try:
+        late = await PostgresRunStore.open(url)  # replica A, slow to renew its lease
+        starting = await PostgresRunStore.open(url)  # replica B, starting up
+        try:
+            now = time.time()
+            stale = record("r", RunStatus.RUNNING, lease_until=now - 1)  # owner replica-x
+            assert await late.create_run(stale)
+            assert await starting.mark_interrupted() == 1
+            assert not await late.renew_lease("acme", "r", "replica-x", 10.0)
+            with pytest.raises(LeaseLost):
+                event = StoredEvent(1, "run_started", b"x")
+                await late.append_event("acme", "r", event, owner="replica-x")
+            row = await starting.get_run("acme", "r")
+            assert row is not None and row.status is RunStatus.INTERRUPTED and row.owner == ""
+        finally:
+            await late.close()
+            await starting.close()
+    finally:
+        drop_schema(dsn, url)
+
+
+FIRST_RT_RUNS = (
+    "CREATE TABLE rt_runs (tenant TEXT NOT NULL, run_id TEXT NOT NULL, thread_id TEXT NOT NULL,"
+    " fingerprint TEXT NOT NULL, status TEXT NOT NULL, plan_json TEXT NOT NULL DEFAULT '[]',"
+    " finished_reply_ids TEXT NOT NULL DEFAULT '[]', last_seq INTEGER NOT NULL DEFAULT 0,"
+    " created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (tenant, run_id))"
+)
+"""rt_runs as the first version made it (before trace context, leases and cancels)."""
+
+
+async def test_a_database_file_from_the_first_version_opens_and_works(tmp_path: Path) -> None:
+    path = tmp_path / "first.db"
+    with sqlite3.connect(path) as old:
+        old.execute(FIRST_RT_RUNS)
+        old.execute(
+            "INSERT INTO rt_runs (tenant, run_id, thread_id, fingerprint, status, created_at,"
+            " updated_at) VALUES ('acme', 'kept', 't-1', 'f', 'succeeded', 1, 1)"
+        )
+    store = await SqliteRunStore.open(path)
+    try:
+        kept = await store.get_run("acme", "kept")
+        assert kept is not None and kept.status is RunStatus.SUCCEEDED and kept.owner == ""
+        assert await store.create_run(record("new", RunStatus.RUNNING, lease_until=time.time()))
+        assert await store.acquire_lease("acme", "new", "replica-x", 10.0)
+    finally:
+        await store.close()

@@ -231,7 +231,10 @@ class PostgresRunStore:
     async def mark_interrupted(self) -> int:
         now = time.time()
         return await self._execute(
-            "UPDATE rt_runs SET status='interrupted', updated_at=%s "
+            # The owner goes too: a replica that was only late to renew (a pause) then
+            # finds the run is not its own any more (LeaseLost) instead of running on
+            # under an 'interrupted' row nobody else can cancel or see.
+            "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=%s "
             "WHERE status IN ('running','queued') AND lease_until<%s",
             (now, now),
         )

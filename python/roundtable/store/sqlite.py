@@ -75,9 +75,18 @@ CREATE TABLE IF NOT EXISTS rt_events (
 """
 
 _ADDED_COLUMNS = {
-    "continued_by": "ALTER TABLE rt_runs ADD COLUMN continued_by TEXT NOT NULL DEFAULT ''",
+    column: f"ALTER TABLE rt_runs ADD COLUMN {column} {kind}"
+    for column, kind in (
+        ("trace_context", "TEXT NOT NULL DEFAULT ''"),
+        ("owner", "TEXT NOT NULL DEFAULT ''"),
+        ("lease_until", "REAL NOT NULL DEFAULT 0"),
+        ("cancel_mode", "TEXT NOT NULL DEFAULT ''"),
+        ("cancel_reason", "TEXT NOT NULL DEFAULT ''"),
+        ("continued_by", "TEXT NOT NULL DEFAULT ''"),
+    )
 }
-"""Columns added since the first schema: a database file made before gets them at open."""
+"""Columns added since the first schema (every one of them: a file from any earlier
+version opens): a database file made before gets them at open."""
 _INDEXES = "CREATE INDEX IF NOT EXISTS rt_runs_continued ON rt_runs (tenant, continued_by)"
 
 _PRAGMAS = (
