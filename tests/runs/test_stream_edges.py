@@ -14,6 +14,9 @@ from collections import Counter
 import grpc
 import psycopg
 import pytest
+from roundtable.domain.errors import StreamOverflow
+from roundtable.runs.live import LiveRun, Subscription
+from roundtable.runs.manager import RunManager
 from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -325,3 +328,32 @@ async def test_start_run_attaching_to_a_live_resumed_run_streams_its_whole_log(s
         "run_started",
         "run_completed",
     ]
+
+
+async def test_a_slow_reader_of_a_taken_over_run_is_bounded_like_any_other() -> None:
+    # After a follower takes a run over, its events reach the client's stream through a
+    # forwarder: a reader that does not read loses deltas, then gets StreamOverflow, and
+    # the server never holds more than its buffer for it.
+    record = RunRecord(
+        tenant="t",
+        run_id="r",
+        thread_id="th",
+        fingerprint="f",
+        status=RunStatus.RUNNING,
+        created_at=0,
+        updated_at=0,
+    )
+    live = LiveRun(request=None, record=record, buffer=16)  # type: ignore[arg-type]
+    client = Subscription([], ended=False, buffer=16)
+    forward = asyncio.create_task(RunManager._forward(live.subscribe(0), client, 0))
+    for seq in range(1, 200):
+        started = epb.RunEvent(run_id="r", seq=seq)
+        started.speaker_started.step = seq
+        live.publish(started, durable=True)
+        delta = epb.RunEvent(run_id="r", seq=seq)
+        delta.assistant_delta.reply_id, delta.assistant_delta.text = f"x{seq}", "t" * 100
+        live.publish(delta, durable=False)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(forward, 1.0)
+    assert isinstance(client.error, StreamOverflow)
+    assert len([e async for e in client]) <= 16 + 1

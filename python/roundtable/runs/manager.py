@@ -833,10 +833,18 @@ class RunManager:
 
     @staticmethod
     async def _forward(source: Subscription, sink: Subscription, seen: int) -> None:
-        """Hands on `source`'s events that `sink` has not had yet, then its end."""
+        """Hands on `source`'s events that `sink` has not had yet, then its end.
+
+        Through `offer`, as a live run hands events to its streams: a slow reader loses
+        deltas and, too far behind, gets StreamOverflow (it re-attaches), instead of this
+        process buffering for it without bound.
+        """
         async for event in source:
-            if event.WhichOneof("payload") == "assistant_delta" or event.seq > seen:
-                sink.push(event)
+            durable = event.WhichOneof("payload") != "assistant_delta"
+            if durable and event.seq <= seen:
+                continue
+            if not sink.offer(event, durable=durable):
+                return  # the reader fell too far behind: its stream has ended
         sink.end(source.error)
 
     # -- following, cancelling, describing --------------------------------------------------
