@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from roundtable.domain.errors import ThreadBusy
+from roundtable.domain.errors import InvalidSettings, ThreadBusy
 from roundtable.store.base import CancelMark, LeaseLost, RunRecord, RunStatus, StoredEvent
 from roundtable.store.postgres import PostgresRunStore
 from roundtable.store.sqlite import SqliteRunStore
@@ -320,3 +320,17 @@ async def test_a_database_file_from_the_first_version_opens_and_works(tmp_path: 
         assert await store.acquire_lease("acme", "new", "replica-x", 10.0)
     finally:
         await store.close()
+
+
+async def test_a_sqlite_file_is_served_by_one_process_at_a_time(tmp_path: Path) -> None:
+    # A second server on the file would mark the first one's live runs interrupted at its
+    # start-up (a rolling restart that overlaps), and they could then run twice.
+    path = tmp_path / "rt.db"
+    first = await SqliteRunStore.open(path)
+    try:
+        with pytest.raises(InvalidSettings, match="served by another roundtable process"):
+            await SqliteRunStore.open(path)
+    finally:
+        await first.close()
+    again = await SqliteRunStore.open(path)  # free once the first one closed
+    await again.close()

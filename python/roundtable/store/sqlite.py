@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import sqlite3
@@ -33,6 +34,7 @@ from pathlib import Path
 import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from roundtable.domain.errors import InvalidSettings
 from roundtable.store.base import CancelMark, RunRecord, StoredEvent, run_from_row, run_row
 from roundtable.store.statements import (
     Statements,
@@ -73,6 +75,28 @@ CREATE TABLE IF NOT EXISTS rt_events (
     PRIMARY KEY (tenant, run_id, seq)
 ) WITHOUT ROWID;
 """
+
+def _lock_for_this_process(path: Path) -> int | None:
+    """Takes `<file>.lock` for as long as this process serves the file, or refuses.
+
+    A SQLite store belongs to one process: at start-up it marks every run left running as
+    interrupted, so a second server on the file (a rolling restart that starts the new one
+    before the old one has drained) would break the first one's live runs, which could
+    then run twice. The lock goes with the process, however it ends.
+    """
+    if str(path) == ":memory:":
+        return None
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InvalidSettings(
+            f"{path} is served by another roundtable process: a SQLite store belongs to one "
+            "process (replicas share a Postgres store)"
+        ) from None
+    return fd
+
 
 _ADDED_COLUMNS = {
     column: f"ALTER TABLE rt_runs ADD COLUMN {column} {kind}"
@@ -163,6 +187,8 @@ class SqliteRunStore:
         self._wal_gate: asyncio.Event | None = None
         self.wal_checkpoints = 0
         """Checkpoints that copied the whole log back (the next write restarts it)."""
+        self._lock_fd: int | None = None
+        """The open `<file>.lock` this process holds while it serves the file."""
 
     async def _before_write(self) -> None:
         """Waits out a checkpoint's final pass, counts the write, starts a checkpoint when due."""
@@ -224,7 +250,12 @@ class SqliteRunStore:
 
     @classmethod
     async def open(cls, path: Path, *, checkpoint_every: int = CHECKPOINT_EVERY) -> SqliteRunStore:
-        """Opens (and creates) the store and the checkpoint tables in a database file."""
+        """Opens (and creates) the store and the checkpoint tables in a database file.
+
+        Raises:
+            InvalidSettings: another process serves the file.
+        """
+        lock_fd = _lock_for_this_process(path)
         conn = connect_log(path)
         conn.executescript(_SCHEMA)
         present = {row[1] for row in conn.execute("PRAGMA table_info(rt_runs)")}
@@ -234,7 +265,9 @@ class SqliteRunStore:
         conn.execute(_INDEXES)
         saver = AsyncSqliteSaver(await connect_sqlite(path))
         await saver.setup()
-        return cls(conn, saver, path=path, checkpoint_every=checkpoint_every)
+        store = cls(conn, saver, path=path, checkpoint_every=checkpoint_every)
+        store._lock_fd = lock_fd
+        return store
 
     async def create_run(self, record: RunRecord) -> bool:
         await self._before_write()
@@ -342,3 +375,6 @@ class SqliteRunStore:
         self.conn.close()
         # The saver's connection closes last: the last connection out folds the WAL back.
         await self.checkpointer.conn.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # lets the next process have the file
+            self._lock_fd = None
