@@ -76,6 +76,7 @@ CREATE TABLE IF NOT EXISTS rt_events (
 ) WITHOUT ROWID;
 """
 
+
 def _lock_for_this_process(path: Path) -> int | None:
     """Takes `<file>.lock` for as long as this process serves the file, or refuses.
 
