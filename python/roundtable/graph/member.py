@@ -139,20 +139,8 @@ async def _speak(
             if step.count_off_number and answered_by:
                 # The member answered, wrongly, and asking again failed: the count-off
                 # still gets its number (the contract's replacement), not a failure.
-                content = str(step.count_off_number)
-                await ctx.sink.emit(
-                    AssistantFinal(
-                        reply_id=step.reply_id,
-                        member_id=member.member_id,
-                        step=step.index,
-                        content=content,
-                        model=answered_by,
-                        usage=usage,
-                        finish_reason=FinishReason.REPLACED,
-                        attempts=model_attempts,
-                    )
-                )
-                return SpeakerOutcome(_reply(step, content, failed=False), usage)
+                content, finish, model = str(step.count_off_number), FinishReason.REPLACED, ""
+                break
             await ctx.sink.emit(
                 SpeakerFailed(
                     reply_id=step.reply_id,
@@ -186,20 +174,23 @@ async def _speak(
                 continue
             if problem:
                 content, finish = str(step.count_off_number), FinishReason.REPLACED
-        await ctx.sink.emit(
-            AssistantFinal(
-                reply_id=step.reply_id,
-                member_id=member.member_id,
-                step=step.index,
-                content=content,
-                model=result.model,
-                usage=usage,
-                finish_reason=finish,
-                attempts=model_attempts,
-            )
+        model = result.model
+        break
+    else:
+        raise AssertionError("unreachable: the last attempt always breaks")
+    await ctx.sink.emit(
+        AssistantFinal(
+            reply_id=step.reply_id,
+            member_id=member.member_id,
+            step=step.index,
+            content=content,
+            model=model or answered_by,
+            usage=usage,
+            finish_reason=finish,
+            attempts=model_attempts,
         )
-        return SpeakerOutcome(_reply(step, content, failed=False), usage)
-    raise AssertionError("unreachable: the last attempt always returns")
+    )
+    return SpeakerOutcome(_reply(step, content, failed=False), usage)
 
 
 def _reply(step: PlanStep, content: str, *, failed: bool) -> ReplyDict:

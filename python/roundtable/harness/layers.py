@@ -179,7 +179,9 @@ class FailoverLayer:
     async def __call__(self, request: ModelRequest) -> ChatResult:
         targets = (request.ref.target, *request.ref.fallbacks)
         restarts = _Restarts(request.on_text, request.on_restart)
-        inner = request.with_stream(
+        inner = request.with_attempt(
+            target=request.target,
+            attempt=request.attempt,
             on_text=restarts.text if request.on_text is not None else None,
             on_restart=restarts.before_next_attempt,
         )

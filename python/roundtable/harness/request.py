@@ -20,6 +20,13 @@ class CallMeta:
     caller_node: str
 
 
+class _Kept:
+    """The default of `with_attempt`'s on_restart: the request's own is kept."""
+
+
+KEPT = _Kept()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest:
     """One model call on its way through the chain.
@@ -44,9 +51,15 @@ class ModelRequest:
         return self.target or self.ref.target
 
     def with_attempt(
-        self, *, target: ModelTarget | None, attempt: int, on_text: TextSink | None
+        self,
+        *,
+        target: ModelTarget | None,
+        attempt: int,
+        on_text: TextSink | None,
+        on_restart: Callable[[], None] | _Kept | None = KEPT,
     ) -> ModelRequest:
-        """This request bound for `target` as attempt `attempt`, streaming to `on_text`.
+        """This request bound for `target` as attempt `attempt`, streaming to `on_text`
+        (and told to restart through `on_restart`, when given).
 
         Spelled out rather than `dataclasses.replace`, which introspects the fields on every
         call (≈10 µs; each model call makes two).
@@ -57,24 +70,9 @@ class ModelRequest:
             meta=self.meta,
             credentials=self.credentials,
             on_text=on_text,
-            on_restart=self.on_restart,
+            on_restart=self.on_restart if isinstance(on_restart, _Kept) else on_restart,
             target=target,
             attempt=attempt,
-        )
-
-    def with_stream(
-        self, *, on_text: TextSink | None, on_restart: Callable[[], None] | None
-    ) -> ModelRequest:
-        """This request streaming to `on_text`, told to restart through `on_restart`."""
-        return ModelRequest(
-            ref=self.ref,
-            call=self.call,
-            meta=self.meta,
-            credentials=self.credentials,
-            on_text=on_text,
-            on_restart=on_restart,
-            target=self.target,
-            attempt=self.attempt,
         )
 
 
