@@ -1227,6 +1227,15 @@ def stub_response_template() -> Any:
     return pb.StartRunResponse()
 
 
+def without_context(template: Any) -> bytes:
+    """`template` serialized without its context: what a client keeps and sends each turn
+    behind a new serialized context (protobuf merges concatenated messages)."""
+    body = type(template)()
+    body.CopyFrom(template)
+    body.ClearField("context")
+    return body.SerializeToString()
+
+
 def with_context_only(template: Any, run_id: str) -> Any:
     """A request holding only `with_run_id(template, run_id)`'s context."""
     out = type(template)()
@@ -1299,10 +1308,7 @@ async def bench_b5(cfg: Config, work: Path) -> dict[str, Any]:
                 return turn
 
             def wire_variant(template: Any) -> Callable[[], Awaitable[Any]]:
-                body = type(template)()
-                body.CopyFrom(template)
-                body.ClearField("context")
-                cached = body.SerializeToString()
+                cached = without_context(template)
 
                 async def turn() -> None:
                     head = with_context_only(template, new_id("b5w")).SerializeToString()
@@ -1313,10 +1319,7 @@ async def bench_b5(cfg: Config, work: Path) -> dict[str, Any]:
                 return turn
 
             def floor_variant(template: Any) -> Callable[[], Awaitable[Any]]:
-                body = type(template)()
-                body.CopyFrom(template)
-                body.ClearField("context")
-                cached = body.SerializeToString()
+                cached = without_context(template)
 
                 async def turn() -> None:
                     head = with_context_only(template, new_id("b5f")).SerializeToString()
