@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from roundtable.graph.directives import is_cjk
+
 MAX_REPLY_CHARS = 60
 _CJK_DIGITS = "零一二三四五六七八九十"
 _NUMBER = re.compile(r"[0-9０-９]+")
@@ -27,10 +29,6 @@ _ORDINAL_BEFORE = "第"
 _COUNTER_AFTER = "号位名"
 
 
-def _is_han(char: str) -> bool:
-    return "\u4e00" <= char <= "\u9fff"
-
-
 def _cjk_value(numeral: str) -> int | None:
     """The value of a Chinese numeral up to 99 ("三", "十二", "二十三"); None otherwise."""
     if "十" not in numeral:
@@ -48,7 +46,7 @@ def _cjk_numbers(text: str) -> list[int]:
     for match in _CJK_NUMBER.finditer(text):
         before = text[match.start() - 1] if match.start() else ""
         after = text[match.end()] if match.end() < len(text) else ""
-        standalone = not _is_han(before) and not _is_han(after)
+        standalone = not (before and is_cjk(before)) and not (after and is_cjk(after))
         if standalone or before == _ORDINAL_BEFORE or (after and after in _COUNTER_AFTER):
             value = _cjk_value(match.group())
             # A run of digits that is no numeral ("一二三") counts as its digits.

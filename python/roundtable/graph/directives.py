@@ -45,7 +45,7 @@ def fold(text: str) -> str:
     return unicodedata.normalize("NFKC", text).casefold()
 
 
-def _is_cjk(char: str) -> bool:
+def is_cjk(char: str) -> bool:
     """Whether a character is of a script written without spaces between words."""
     code = ord(char)
     return (
@@ -87,7 +87,7 @@ class _Name:
             return not (following.isalnum() or following in "-_")
         if not following.isalnum():
             return True  # space, punctuation, "'s"
-        return _is_cjk(following) or _is_cjk(self.text[-1])
+        return is_cjk(following) or is_cjk(self.text[-1])
 
 
 def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:

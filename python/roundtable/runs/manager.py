@@ -107,10 +107,6 @@ class NewThreads(Protocol):
         """Drops the mark if the run ended before reading."""
 
 
-def _route(request: RunRequest) -> Route:
-    return Route.SINGLE if request.snapshot.session.kind is SessionKind.SINGLE else Route.GROUP
-
-
 async def _until_stopped(waiting: Awaitable[Any], stop: StopSignal) -> None:
     """Awaits `waiting`, or less: until a stop is requested (then `waiting` is cancelled)."""
     queued = asyncio.ensure_future(waiting)
@@ -557,11 +553,19 @@ class RunManager:
         )
         if self.store.shared:
             live.stop.poller = lambda: self._remote_cancel(record, sink=sink)
+        # Every execution opens with run_started, even one cancelled while queued.
+        started = RunStarted(
+            route=Route.SINGLE
+            if request.snapshot.session.kind is SessionKind.SINGLE
+            else Route.GROUP,
+            resumed=launch.resumed,
+            thread_id=request.context.thread_id,
+        )
         try:
             if launch.wait_for is not None:
                 # Queued behind the thread's other runs, until they end or this one is
-                # cancelled (which need not wait for them).
-                # A cancel recorded by another replica reaches a queued run by polling.
+                # cancelled (which need not wait for them; a cancel recorded by another
+                # replica reaches it by polling).
                 watcher = (
                     asyncio.create_task(self._poll_stop(live.stop)) if self.store.shared else None
                 )
@@ -572,14 +576,7 @@ class RunManager:
                         watcher.cancel()
                 await live.stop.refresh()  # a cancel another replica recorded meanwhile
                 if live.stop.requested:
-                    # This execution still opens with run_started, as every one does.
-                    await sink.emit(
-                        RunStarted(
-                            route=_route(request),
-                            resumed=launch.resumed,
-                            thread_id=request.context.thread_id,
-                        )
-                    )
+                    await sink.emit(started)
                     raise Drained(live.stop.reason)
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
@@ -588,13 +585,7 @@ class RunManager:
                 # Claimed only now, once the run may start: a continue turn queued behind
                 # another run takes over whatever is left when its turn comes.
                 continuation = await self._continuation_of(record)
-            await sink.emit(
-                RunStarted(
-                    route=_route(request),
-                    resumed=launch.resumed,
-                    thread_id=request.context.thread_id,
-                )
-            )
+            await sink.emit(started)
             context = GraphContext(
                 request=request,
                 directive=launch.directive,

@@ -176,6 +176,7 @@ class SqliteRunStore:
         *,
         path: Path | None = None,
         checkpoint_every: int = CHECKPOINT_EVERY,
+        lock_fd: int | None = None,
     ) -> None:
         self.conn = conn
         self.checkpointer = checkpointer
@@ -188,7 +189,7 @@ class SqliteRunStore:
         self._wal_gate: asyncio.Event | None = None
         self.wal_checkpoints = 0
         """Checkpoints that copied the whole log back (the next write restarts it)."""
-        self._lock_fd: int | None = None
+        self._lock_fd = lock_fd
         """The open `<file>.lock` this process holds while it serves the file."""
 
     async def _before_write(self) -> None:
@@ -257,18 +258,21 @@ class SqliteRunStore:
             InvalidSettings: another process serves the file.
         """
         lock_fd = _lock_for_this_process(path)
-        conn = connect_log(path)
-        conn.executescript(_SCHEMA)
-        present = {row[1] for row in conn.execute("PRAGMA table_info(rt_runs)")}
-        for column, statement in _ADDED_COLUMNS.items():
-            if column not in present:
-                conn.execute(statement)
-        conn.execute(_INDEXES)
-        saver = AsyncSqliteSaver(await connect_sqlite(path))
-        await saver.setup()
-        store = cls(conn, saver, path=path, checkpoint_every=checkpoint_every)
-        store._lock_fd = lock_fd
-        return store
+        try:
+            conn = connect_log(path)
+            conn.executescript(_SCHEMA)
+            present = {row[1] for row in conn.execute("PRAGMA table_info(rt_runs)")}
+            for column, statement in _ADDED_COLUMNS.items():
+                if column not in present:
+                    conn.execute(statement)
+            conn.execute(_INDEXES)
+            saver = AsyncSqliteSaver(await connect_sqlite(path))
+            await saver.setup()
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)  # not served after all
+            raise
+        return cls(conn, saver, path=path, checkpoint_every=checkpoint_every, lock_fd=lock_fd)
 
     async def create_run(self, record: RunRecord) -> bool:
         await self._before_write()
