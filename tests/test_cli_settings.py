@@ -77,3 +77,88 @@ def test_tokens_over_plaintext_beyond_loopback_are_warned_about(caplog) -> None:
     caplog.clear()
     check_listen_address(Settings(listen="127.0.0.1:50051"), authenticated=True)
     assert "cleartext" not in caplog.text
+
+
+def _serve_in(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "roundtable.cli", "serve", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _listening_port(proc: subprocess.Popen[str]) -> int:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "roundtable serving on" in line:
+            return int(line.split("roundtable serving on ", 1)[1].split()[0].rsplit(":", 1)[1])
+    raise AssertionError(f"server exited ({proc.wait()}) before serving")
+
+
+def _health(port: int) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
+    return answer.status
+
+
+def test_the_default_store_serves_in_a_fresh_checkout(tmp_path: Path) -> None:
+    # `make run` on a fresh clone: no ./var yet, the store's lock file lives in it.
+    proc = _serve_in(tmp_path, "--listen", "127.0.0.1:0")
+    try:
+        assert _health(_listening_port(proc)) == health_pb2.HealthCheckResponse.SERVING
+        assert (tmp_path / "var" / "roundtable.db").is_file()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_four_slashes_name_an_absolute_path_and_three_a_relative_one(tmp_path: Path) -> None:
+    from roundtable.store.sqlite import sqlite_path
+
+    assert sqlite_path("sqlite:////srv/rt.db") == Path("/srv/rt.db")
+    assert sqlite_path("sqlite:///srv/rt.db") == Path("srv/rt.db")
+    elsewhere = tmp_path / "abs" / "rt.db"
+    proc = _serve_in(tmp_path, "--listen", "127.0.0.1:0", "--store", f"sqlite:///{elsewhere}")
+    try:
+        _listening_port(proc)
+        assert elsewhere.is_file()
+        assert not (tmp_path / str(elsewhere).lstrip("/")).exists()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "(four slashes)" in " ".join(roundtable("serve", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "mysql://db/rt"])
+def test_a_store_url_that_names_no_sqlite_file_is_one_line(url: str, tmp_path: Path) -> None:
+    done = roundtable("serve", "--listen", "127.0.0.1:0", "--store", url)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("roundtable serve: error: store:")
+
+
+def test_a_port_in_use_is_refused_not_shared(tmp_path: Path) -> None:
+    first = _serve_in(tmp_path, "--listen", "127.0.0.1:0", "--store", "sqlite:///first.db")
+    try:
+        port = _listening_port(first)
+        done = subprocess.run(
+            [sys.executable, "-m", "roundtable.cli", "serve", "--listen", f"127.0.0.1:{port}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        errors = [line for line in done.stderr.splitlines() if "WARNING" not in line]
+        assert errors == [
+            f"roundtable serve: error: --listen 127.0.0.1:{port}: cannot listen there: "
+            "Address already in use"
+        ]
+        assert not (tmp_path / "var").exists()  # the store was never opened
+        assert _health(port) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        first.terminate()
+        first.wait(timeout=30)

@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from roundtable.api.auth import Authenticator, AuthInterceptor
 from roundtable.api.limits import RequestLimits
 from roundtable.api.servicer import OrchestratorServicer, add_to_server
 from roundtable.api.tls import check_listen_address, server_credentials
+from roundtable.domain.errors import InvalidSettings
 from roundtable.domain.snapshot import Budgets
 from roundtable.graph.builder import build_conversation_graph
 from roundtable.harness.chain import Harness
@@ -94,6 +96,39 @@ def default_budgets(settings: Settings) -> Budgets:
     )
 
 
+def _bind(
+    server: grpc.aio.Server, settings: Settings, credentials: grpc.ServerCredentials | None
+) -> int:
+    """Binds the listen address and returns the port, or refuses (InvalidSettings)."""
+    address = settings.bind_address
+    host, port = settings.host_port
+    if port:
+        # Asked first with a plain socket, for the OS's own words (and no gRPC core log
+        # line): gRPC's bind below still refuses whoever takes the port in between.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise InvalidSettings(
+                    f"--listen {settings.listen}: cannot listen there: {exc.strerror}"
+                ) from None
+    try:
+        port = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
+    except RuntimeError:
+        port = 0  # grpcio raises where older versions returned 0
+    if port == 0:
+        raise InvalidSettings(
+            f"--listen {settings.listen}: cannot listen there (the port is in use, "
+            "or the address is not this host's)"
+        )
+    return port
+
+
 @dataclass(slots=True)
 class RunningServer:
     """A started server: its address and the parts tests may look at."""
@@ -130,7 +165,38 @@ async def running_server(
     check_listen_address(settings, authenticated=auth.enabled)
     telemetry = telemetry or telemetry_from_env(os.environ)
     metrics = Metrics(telemetry.meter("roundtable"))
-    store = await open_store(settings.store)
+    limits = request_limits(settings)
+    server = grpc.aio.server(
+        # One span per RPC, continuing the caller's W3C traceparent (and baggage), when
+        # spans are exported: with nothing configured the interceptor would only add an
+        # async generator and a no-op span to every message of every stream.
+        # Then UNAUTHENTICATED for calls without accepted credentials (health excepted).
+        interceptors=[
+            *(
+                [aio_server_interceptor(tracer_provider=telemetry.tracer_provider)]
+                if telemetry.traces
+                else []
+            ),
+            *([AuthInterceptor(auth)] if auth.enabled else []),
+        ],
+        options=[
+            # A port already in use is refused, not shared: gRPC's default SO_REUSEPORT lets a
+            # second server bind it silently and take part of the connections.
+            ("grpc.so_reuseport", 0),
+            # Leave room above our own limit so an oversized request gets our precise
+            # INVALID_ARGUMENT instead of the transport's RESOURCE_EXHAUSTED.
+            ("grpc.max_receive_message_length", limits.max_request_bytes + 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ],
+    )
+    # The port before the store: a server that cannot listen never marks a store's runs.
+    try:
+        bound = _bind(server, settings, credentials)
+        store = await open_store(settings.store)
+    except BaseException:
+        await server.stop(None)  # lets the port go
+        telemetry.shutdown()
+        raise
     interrupted = await store.mark_interrupted()
     if interrupted:
         log.warning(
@@ -160,27 +226,6 @@ async def running_server(
             stream_buffer=settings.stream_buffer_events,
         ),
     )
-    limits = request_limits(settings)
-    server = grpc.aio.server(
-        # One span per RPC, continuing the caller's W3C traceparent (and baggage), when
-        # spans are exported: with nothing configured the interceptor would only add an
-        # async generator and a no-op span to every message of every stream.
-        # Then UNAUTHENTICATED for calls without accepted credentials (health excepted).
-        interceptors=[
-            *(
-                [aio_server_interceptor(tracer_provider=telemetry.tracer_provider)]
-                if telemetry.traces
-                else []
-            ),
-            *([AuthInterceptor(auth)] if auth.enabled else []),
-        ],
-        options=[
-            # Leave room above our own limit so an oversized request gets our precise
-            # INVALID_ARGUMENT instead of the transport's RESOURCE_EXHAUSTED.
-            ("grpc.max_receive_message_length", limits.max_request_bytes + 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ],
-    )
     add_to_server(
         OrchestratorServicer(
             manager,
@@ -201,12 +246,6 @@ async def running_server(
             reflection.SERVICE_NAME,
         ),
         server,
-    )
-    address = settings.bind_address
-    bound = (
-        server.add_insecure_port(address)
-        if credentials is None
-        else server.add_secure_port(address, credentials)
     )
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)

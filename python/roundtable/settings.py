@@ -39,9 +39,17 @@ class Settings:
     `gateway-1=tenant-a|tenant-b;gateway-2=*`."""
     allow_unauthenticated: bool = False
     """Listen on a non-loopback address with no caller auth (no tokens, no mutual TLS)."""
-    store: str = field(default="sqlite:///var/roundtable.db", repr=False)
-    """Where runs, events and checkpoints live: sqlite:///path/to/file.db, or
-    postgresql://user@host:port/db for several replicas."""
+    store: str = field(
+        default="sqlite:///var/roundtable.db",
+        repr=False,
+        metadata={
+            "help": "sqlite:///relative/file.db (from the working directory), "
+            "sqlite:////absolute/file.db (four slashes), or postgresql://user@host:port/db"
+        },
+    )
+    """Where runs, events and checkpoints live: sqlite:///relative/file.db (relative to the
+    working directory), sqlite:////absolute/file.db (four slashes: the URL's path after its
+    empty host is `/absolute/...`), or postgresql://user@host:port/db for several replicas."""
     checkpoint_durability: str = "exit"
     """LangGraph checkpoint durability: exit (one checkpoint when a run stops before its end;
     a run completing writes none), or async / sync (also one after each plan and each round of
@@ -136,7 +144,14 @@ def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None
             f"--{f.name.replace('_', '-')}",
             dest=f.name,
             default=None,
-            help=f"(env {ENV_PREFIX}{f.name.upper()}; default {f.default!r})",
+            help=" ".join(
+                part
+                for part in (
+                    f.metadata.get("help", ""),
+                    f"(env {ENV_PREFIX}{f.name.upper()}; default {f.default!r})",
+                )
+                if part
+            ),
         )
     args = parser.parse_args(list(argv))
     values: dict[str, object] = {}

@@ -87,6 +87,8 @@ def _lock_for_this_process(path: Path) -> int | None:
     """
     if str(path) == ":memory:":
         return None
+    # The lock sits beside the file: make the folder first (a fresh clone has no ./var).
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -132,10 +134,21 @@ _UNGATED_PASSES = 3
 
 
 def sqlite_path(url: str) -> Path:
-    """The file of a `sqlite:///path` URL (relative paths are relative to the cwd)."""
+    """The file of a SQLite store URL, written as SQLAlchemy and most tools write it.
+
+    `sqlite:///var/rt.db` is the relative path `var/rt.db` (relative to the cwd), and
+    `sqlite:////srv/rt.db` (four slashes) is the absolute path `/srv/rt.db`: the URL's
+    path after its empty host is taken as it stands.
+
+    Raises:
+        InvalidSettings: not a `sqlite:///` URL, or no file named.
+    """
     prefix = "sqlite:///"
-    if not url.startswith(prefix):
-        raise ValueError(f"not a sqlite URL: {url!r} (expected sqlite:///path/to/file.db)")
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        raise InvalidSettings(
+            f"store: not a SQLite URL: {url!r} (expected sqlite:///relative/file.db "
+            "or sqlite:////absolute/file.db)"
+        )
     return Path(url[len(prefix) :])
 
 
