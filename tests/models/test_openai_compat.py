@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from roundtable.domain.errors import (
+    InvalidModelOutput,
     ModelError,
     ModelRateLimited,
     ModelRejected,
@@ -20,7 +21,8 @@ from roundtable.harness.policies import HarnessPolicy, RetryPolicy
 from roundtable.harness.request import CallMeta, ModelRequest
 from roundtable.models.base import ChatCall, ChatMessage, ChatResult
 from roundtable.models.openai_compat import build_openai_provider, map_openai_error
-from support.openai_server import Delay, Fail, OpenAITestServer, Reply, ToolCall
+from roundtable.models.structured import portable_schema
+from support.openai_server import Delay, Fail, OpenAITestServer, RecordedRequest, Reply
 
 API_KEY = "sk-test-4f9c2b7e1d"
 PROMPT = "What is the capital of Atlantis?"
@@ -92,15 +94,147 @@ async def test_a_target_without_key_sends_a_placeholder(server: OpenAITestServer
     assert authorization is not None and authorization.startswith("Bearer ")
 
 
-async def test_structured_output_parses_the_tool_call_arguments(server: OpenAITestServer) -> None:
-    server.script(ToolCall(arguments={"score": 7, "reason": "plausible"}))
+async def test_structured_output_sends_a_portable_json_schema_and_parses_the_answer(
+    server: OpenAITestServer,
+) -> None:
+    server.script(Reply(text='{"score": 7, "reason": "plausible"}'))
 
     result = await _complete(server, _call(schema=Verdict))
 
     assert result.parsed == Verdict(score=7, reason="plausible")
     body = server.requests[0].body
-    assert body["tool_choice"] == {"type": "function", "function": {"name": "Verdict"}}
-    assert [t["function"]["name"] for t in body["tools"]] == ["Verdict"]
+    assert "tools" not in body, "no forced tool call: servers without tool templates refuse it"
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "Verdict",
+            "schema": {
+                "properties": {"score": {"type": "integer"}, "reason": {"type": "string"}},
+                "required": ["score", "reason"],
+                "type": "object",
+            },
+            "strict": False,
+        },
+    }
+    system = request_system(server.requests[0])
+    assert system.startswith("Be brief.") and '"score"' in system, "the schema is in the prompt"
+
+
+def request_system(request: RecordedRequest) -> str:
+    """The system message of a recorded request (there is one, first)."""
+    (first, *rest) = request.messages
+    assert first["role"] == "system" and all(m["role"] != "system" for m in rest)
+    return str(first["content"])
+
+
+class Bounded(BaseModel):
+    """Keywords llama.cpp's grammar cannot take (a repetition over 2,000), as in
+    MemoryProposals, and others not every converter knows."""
+
+    note: str = Field(max_length=4000, pattern="^[a-z ]*$")
+    weight: float = Field(default=0.5, ge=0, le=1)
+    limit: int | None = Field(default=None, ge=1)
+    tags: list[Tag] = Field(default_factory=list)
+
+
+class Tag(BaseModel):
+    name: str
+
+
+def test_the_portable_schema_inlines_refs_and_keeps_only_common_keywords() -> None:
+    assert portable_schema(Bounded) == {
+        "description": "Keywords llama.cpp's grammar cannot take (a repetition over 2,000), as in\n"
+        "MemoryProposals, and others not every converter knows.",
+        "properties": {
+            "note": {"type": "string"},
+            "weight": {"type": "number"},
+            "limit": {"type": "integer"},
+            "tags": {
+                "items": {
+                    "properties": {"name": {"type": "string"}},
+                    "required": ["name"],
+                    "type": "object",
+                },
+                "type": "array",
+            },
+        },
+        "required": ["note"],
+        "type": "object",
+    }
+
+
+async def test_the_bounds_left_out_of_the_schema_are_still_validated(
+    server: OpenAITestServer,
+) -> None:
+    server.script(Reply(text='{"note": "ok", "weight": 7}'))
+
+    with pytest.raises(InvalidModelOutput) as caught:
+        await _complete(server, _call(schema=Bounded))
+
+    assert caught.value.detail == "json_schema: answer did not match Bounded (weight)"
+
+
+async def test_a_json_answer_in_a_fence_is_parsed_and_prose_is_invalid_output(
+    server: OpenAITestServer,
+) -> None:
+    server.script(
+        Reply(text='```json\n{"score": 3, "reason": "fenced"}\n```'),
+        Reply(text=f"I think the score is 3 because {PROMPT}"),
+    )
+
+    assert (await _complete(server, _call(schema=Verdict))).parsed == Verdict(
+        score=3, reason="fenced"
+    )
+    with pytest.raises(InvalidModelOutput) as caught:
+        await _complete(server, _call(schema=Verdict))
+    assert caught.value.detail == "json_schema: answer is not JSON"
+    assert PROMPT not in str(caught.value), "the model's text is never in the error"
+
+
+@pytest.mark.parametrize("status", [400, 500])
+async def test_a_refused_schema_is_asked_again_in_json_mode_and_remembered(status: int) -> None:
+    # llama.cpp answers a schema its grammar cannot take with HTTP 500 "failed to parse
+    # grammar"; other servers say 400. Before the fix the call failed as MODEL_UNAVAILABLE.
+    async with OpenAITestServer(refuse_schema=status) as refusing:
+        refusing.script(
+            Reply(text='{"score": 1, "reason": "json mode"}'),
+            Reply(text='{"score": 2, "reason": "at once"}'),
+        )
+        provider = build_openai_provider()
+        call = _call(schema=Verdict)
+        first = await provider.complete(_target(refusing), call, api_key=API_KEY, on_text=None)
+        second = await provider.complete(_target(refusing), call, api_key=API_KEY, on_text=None)
+
+    assert first.parsed == Verdict(score=1, reason="json mode")
+    assert second.parsed == Verdict(score=2, reason="at once")
+    formats = [r.body["response_format"]["type"] for r in refusing.requests]
+    assert formats == ["json_schema", "json_object", "json_object"], "refused once, remembered"
+    assert '"score"' in request_system(refusing.requests[1]), "JSON mode gets the schema in words"
+
+
+async def test_invalid_json_mode_output_after_a_refusal_is_a_model_error_naming_both() -> None:
+    async with OpenAITestServer(refuse_schema=500) as refusing:
+        refusing.script(Reply(text="no JSON here"))
+        with pytest.raises(InvalidModelOutput) as caught:
+            await _complete(refusing, _call(schema=Verdict))
+
+    assert not caught.value.retryable, "a model error, not unavailability"
+    assert caught.value.detail == (
+        "json_object: answer is not JSON; the server refused the JSON schema (HTTP 500)"
+    )
+
+
+async def test_a_server_down_for_json_mode_too_is_unavailable_and_not_remembered() -> None:
+    async with OpenAITestServer(refuse_schema=500) as refusing:
+        refusing.script(Fail(status=503), Reply(text='{"score": 5, "reason": "back"}'))
+        provider = build_openai_provider()
+        call = _call(schema=Verdict)
+        with pytest.raises(ModelUnavailable):
+            await provider.complete(_target(refusing), call, api_key=API_KEY, on_text=None)
+        assert [r.body["response_format"]["type"] for r in refusing.requests] == [
+            "json_schema",
+            "json_object",
+        ]
 
 
 @pytest.mark.parametrize(
@@ -202,7 +336,7 @@ async def test_a_model_given_more_time_than_the_default_is_not_cut_off_by_the_cl
 async def test_structured_calls_send_the_output_cap_and_temperature(
     server: OpenAITestServer,
 ) -> None:
-    server.script(ToolCall(arguments={"score": 7, "reason": "short"}))
+    server.script(Reply(text='{"score": 7, "reason": "short"}'))
     messages = (ChatMessage("user", PROMPT),)
     call = ChatCall(messages=messages, schema=Verdict, max_tokens=64, temperature=0.0)
     result = await _complete(server, call)

@@ -10,6 +10,11 @@ streaming answers, usage, and tool calls (what `with_structured_output` asks for
 
 Each request takes the next scripted step; once the script is empty the server echoes the
 last user message (`echo: <text>`). A step is `Reply`, `ToolCall`, `Fail` or `Delay`.
+
+`OpenAITestServer(refuse_schema=500)` answers every request that sends a JSON schema (a
+`response_format` json_schema, or tools the model must call) the way llama.cpp's server
+answers one its grammar cannot take, without using a scripted step; JSON mode
+(`json_object`) and plain requests are served as usual.
 """
 
 from __future__ import annotations
@@ -93,8 +98,10 @@ class RecordedRequest:
 class OpenAITestServer:
     """Serves `/v1/chat/completions` on 127.0.0.1 (a free port) inside `async with`."""
 
-    def __init__(self, *, token_delay_s: float = 0.0) -> None:
+    def __init__(self, *, token_delay_s: float = 0.0, refuse_schema: int | None = None) -> None:
         self.token_delay_s = token_delay_s
+        self.refuse_schema = refuse_schema
+        """HTTP status answered to a request carrying a JSON schema; None serves it."""
         self.requests: list[RecordedRequest] = []
         self.disconnected = asyncio.Event()
         """Set when any client drops a request mid-answer."""
@@ -126,6 +133,10 @@ class OpenAITestServer:
         body = await request.json()
         record = RecordedRequest(body, request.headers.get("Authorization"))
         self.requests.append(record)
+        if self.refuse_schema is not None and _sends_schema(body):
+            # llama.cpp's words and shape (measured on llama-server; see tests/real_model).
+            error = {"code": self.refuse_schema, "message": GRAMMAR_REFUSAL, "type": "server_error"}
+            return web.json_response({"error": error}, status=self.refuse_schema)
         step: Step | None = self._script.popleft() if self._script else None
         try:
             if isinstance(step, Delay):
@@ -186,6 +197,17 @@ class OpenAITestServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+GRAMMAR_REFUSAL = "failed to parse grammar"
+"""What llama.cpp's server says when the grammar built from a schema does not parse."""
+
+
+def _sends_schema(body: dict[str, Any]) -> bool:
+    """Whether the request asks for output constrained by a JSON schema: a json_schema
+    response format, or tools (a forced tool call's arguments follow its schema)."""
+    response_format = body.get("response_format") or {}
+    return response_format.get("type") == "json_schema" or bool(body.get("tools"))
 
 
 def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
@@ -15,10 +16,24 @@ from langchain_core.messages import (
     SystemMessage,
 )
 
-from roundtable.domain.errors import InvalidModelOutput, ModelError
+from roundtable.domain.errors import InvalidModelOutput, ModelError, ModelRejected, ModelUnavailable
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ModelFactory, TextSink
+from roundtable.models.structured import (
+    SchemaRefusals,
+    StructuredForm,
+    parse_answer,
+    response_format,
+    with_instruction,
+)
+
+log = logging.getLogger(__name__)
+
+StructuredMethod = Literal["function_calling", "json"]
+"""How structured output is asked for: LangChain's forced tool call (the offline model), or
+a JSON response format parsed and validated here (OpenAI-compatible servers; see
+models/structured.py)."""
 
 ErrorMapper = Callable[[BaseException], ModelError | None]
 """Maps a provider exception to our error family; None means "not a model error"."""
@@ -56,13 +71,14 @@ class LangChainProvider:
         factory: ModelFactory,
         *,
         map_error: ErrorMapper | None = None,
-        structured_method: str = "function_calling",
+        structured_method: StructuredMethod = "function_calling",
         cache_size: int = 128,
     ) -> None:
         self.name = name
         self._factory = factory
         self._map_error = map_error or (lambda _exc: None)
         self._structured_method = structured_method
+        self._refusals = SchemaRefusals()
         self._cache: OrderedDict[tuple[ModelTarget, str | None], BaseChatModel] = OrderedDict()
         self._cache_size = cache_size
 
@@ -95,6 +111,8 @@ class LangChainProvider:
             kwargs["temperature"] = call.temperature
         name = f"{target.provider}/{target.model}"
         try:
+            if call.schema is not None and self._structured_method == "json":
+                return await self._json_structured(model, target, call, kwargs, name)
             if call.schema is not None:
                 return await self._structured(model, messages, call, name)
             return await self._stream(model, messages, kwargs, on_text, name)
@@ -164,3 +182,70 @@ class LangChainProvider:
             raise InvalidModelOutput(f"answer did not match {call.schema.__name__}")
         assert isinstance(parsed, call.schema)
         return ChatResult(parsed=parsed, usage=_usage(raw), model=name)
+
+    async def _json_structured(
+        self,
+        model: BaseChatModel,
+        target: ModelTarget,
+        call: ChatCall,
+        kwargs: dict[str, Any],
+        name: str,
+    ) -> ChatResult:
+        """A structured call as a JSON answer: the portable schema first, JSON mode for a
+        target that refuses it; validated by pydantic either way (models/structured.py)."""
+        assert call.schema is not None
+        messages = to_langchain(with_instruction(call.messages, call.schema))
+        refused = self._refusals.reason(target.base_url, target.model)
+        form = StructuredForm.JSON_OBJECT if refused else StructuredForm.JSON_SCHEMA
+        refusal: ModelError | None = None
+        try:
+            result = await self._stream(model, messages, _asking(kwargs, call, form), None, name)
+        except Exception as exc:
+            refusal = (
+                _schema_refusal(self._map_error(exc))
+                if form is StructuredForm.JSON_SCHEMA
+                else None
+            )
+            if refusal is None:
+                raise
+        if refusal is not None:
+            # Asked again outside the handler, so the first error is not the second's
+            # __context__ (the SDK's errors hold the request). A server that fails JSON mode
+            # too raises that error, as any failed call does: it was not the schema.
+            form, refused = StructuredForm.JSON_OBJECT, refusal.detail
+            result = await self._stream(model, messages, _asking(kwargs, call, form), None, name)
+            self._refusals.remember(target.base_url, target.model, refused)
+            log.warning(
+                "%s refused the JSON schema (%s); its structured calls use JSON mode", name, refused
+            )
+        try:
+            parsed = parse_answer(result.text, call.schema, form)
+        except InvalidModelOutput as exc:
+            if not refused:
+                raise
+            raise InvalidModelOutput(
+                f"{exc.detail}; the server refused the JSON schema ({refused})"
+            ) from None
+        return ChatResult(
+            parsed=parsed, usage=result.usage, finish_reason=result.finish_reason, model=name
+        )
+
+
+def _asking(kwargs: dict[str, Any], call: ChatCall, form: StructuredForm) -> dict[str, Any]:
+    """The call's keyword arguments with the response format for `form`.
+
+    Sent in `extra_body`, not as ChatOpenAI's own `response_format`: that one switches
+    LangChain to the SDK's beta parsing helpers, which stream differently and raise on a
+    length finish; in the body it is a plain streamed completion like every other call.
+    """
+    assert call.schema is not None
+    return {**kwargs, "extra_body": {"response_format": response_format(call.schema, form)}}
+
+
+def _schema_refusal(error: ModelError | None) -> ModelError | None:
+    """The error, when it is the server answering the schema request with an HTTP error
+    status (a 4xx or a 5xx: llama.cpp answers a schema its grammar cannot take with 500),
+    so JSON mode is worth a try; None for timeouts, 429s and unreachable servers."""
+    if isinstance(error, ModelRejected | ModelUnavailable) and error.detail.startswith("HTTP "):
+        return error
+    return None

@@ -134,4 +134,8 @@ def build_openai_provider(
             stream_usage=True,
         )
 
-    return LangChainProvider(PROVIDER_NAME, factory, map_error=map_openai_error)
+    # Structured output as a JSON response format, not a forced tool call: the forms real
+    # servers accept differ, and models/structured.py picks one per target.
+    return LangChainProvider(
+        PROVIDER_NAME, factory, map_error=map_openai_error, structured_method="json"
+    )

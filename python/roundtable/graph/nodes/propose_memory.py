@@ -146,7 +146,8 @@ async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationS
         )
     except ModelError as exc:
         # Memory is a bonus: the turn's replies are already delivered, so it still succeeds.
-        log.warning("memory proposal skipped: %s", exc.code)
+        # The detail names the form, the fields or the HTTP status, never the model's text.
+        log.warning("memory proposal skipped: %s (%s)", exc.code, exc.detail or exc.message)
         return {}
     assert isinstance(result.parsed, MemoryProposals)
     proposals = accept(result.parsed.proposals, snapshot, replies, ctx.request.context.run_id)

@@ -14,7 +14,7 @@ from langgraph.runtime import Runtime
 from pydantic import BaseModel, ConfigDict, Field
 
 from roundtable.domain import prompt_sections
-from roundtable.domain.errors import ModelError
+from roundtable.domain.errors import InvalidModelOutput, ModelError
 from roundtable.domain.events import PlanCreated
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
 from roundtable.domain.snapshot import Snapshot
@@ -131,6 +131,14 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
         assert isinstance(result.parsed, SupervisorPlan)
         plan = result.parsed
         reason = check_plan(plan, snapshot, speakers_left=speakers_left)
+    except InvalidModelOutput as exc:
+        # What did not parse (the form, the fields), never the model's text: a model that
+        # answers but not in shape is the one failure the model's operator can act on.
+        reason = (
+            f"supervisor_{exc.code.lower()}: {exc.detail}"
+            if exc.detail
+            else "supervisor_invalid_output"
+        )
     except ModelError as exc:
         reason = f"supervisor_{exc.code.lower()}"
     start = len(steps_so_far)

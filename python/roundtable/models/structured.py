@@ -1,0 +1,171 @@
+"""Structured output over the chat completions API, in forms real servers accept.
+
+OpenAI-compatible servers differ most in structured output. Tool calls with a forced
+`tool_choice` need a chat template that knows tools (llama.cpp without `--jinja` refuses
+them); a `json_schema` response format is turned into a decoding grammar by servers that
+enforce it (llama.cpp, vLLM, Ollama), and their converters each support a different subset
+of JSON Schema. So a schema is sent in its most portable form:
+
+- `response_format: {"type": "json_schema", "json_schema": {..., "strict": false}}`, whose
+  schema is pydantic's with every `$ref` inlined, `Optional[X]` sent as `X` (not
+  required), and only the keywords every converter knows (type, properties, required,
+  items, enum, description): bounds, lengths and patterns stay in pydantic, which
+  validates every answer anyway.
+- When a server refuses that request (an HTTP error answered to it), the same attempt asks
+  again in JSON mode (`{"type": "json_object"}`), with the schema in the prompt; the
+  target is remembered, so its later calls go to JSON mode at once.
+
+Either way the answer is parsed and validated here by pydantic, and a failure says which
+form was used and why, never the model's text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from roundtable.domain.errors import InvalidModelOutput
+from roundtable.models.base import ChatMessage
+
+
+class StructuredForm(StrEnum):
+    """How a structured call asks the server for JSON."""
+
+    JSON_SCHEMA = "json_schema"
+    """`response_format` json_schema (strict off), the portable schema: the server may
+    constrain decoding to it."""
+    JSON_OBJECT = "json_object"
+    """JSON mode: any JSON object; the schema is only in the prompt."""
+
+
+_KEPT_KEYWORDS = frozenset(
+    {"type", "properties", "required", "items", "enum", "description", "anyOf"}
+)
+"""JSON Schema keywords the portable form keeps: those that llama.cpp's, vLLM's and
+Ollama's schema-to-grammar converters all understand. The rest (minimum, maxLength,
+pattern, default, title...) are checked by pydantic after the answer."""
+
+
+def portable_schema(schema: type[BaseModel]) -> dict[str, Any]:
+    """The pydantic model's JSON schema in the portable form (see the module docstring)."""
+    full = schema.model_json_schema()
+    portable: dict[str, Any] = _portable(full, full.get("$defs", {}))
+    return portable
+
+
+def _portable(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_portable(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        # Inlined: some converters resolve no $ref, and these schemas have no recursion.
+        return _portable(defs[ref.removeprefix("#/$defs/")], defs)
+    options = node.get("anyOf")
+    if isinstance(options, list):
+        kept = [o for o in options if o != {"type": "null"}]
+        if len(kept) == 1:
+            # Optional[X] -> X: the field has a default, so it is left out of "required"
+            # and the model may omit it instead of writing null.
+            merged = {k: v for k, v in node.items() if k != "anyOf"}
+            return _portable({**kept[0], **merged}, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key not in _KEPT_KEYWORDS:
+            continue
+        if key == "properties":
+            out[key] = {name: _portable(prop, defs) for name, prop in value.items()}
+        else:
+            out[key] = _portable(value, defs)
+    return out
+
+
+def response_format(schema: type[BaseModel], form: StructuredForm) -> dict[str, Any]:
+    """The `response_format` request field for a form."""
+    if form is StructuredForm.JSON_OBJECT:
+        return {"type": "json_object"}
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": schema.__name__,
+            "schema": portable_schema(schema),
+            # Strict mode would make OpenAI demand every property be required and
+            # additionalProperties false; the portable schema is not written for it.
+            "strict": False,
+        },
+    }
+
+
+def with_instruction(
+    messages: tuple[ChatMessage, ...], schema: type[BaseModel]
+) -> tuple[ChatMessage, ...]:
+    """The messages with the JSON answer's shape said in the (first) system message.
+
+    Said in the prompt in every form: JSON mode constrains nothing but the syntax, and a
+    small model given a grammar still writes better values when it sees what they mean.
+    Appended to the system message already there, not added as a second one: some chat
+    templates refuse a system message anywhere but first.
+    """
+    instruction = (
+        "Answer with one JSON object and nothing else, matching this JSON schema:\n"
+        + json.dumps(portable_schema(schema), ensure_ascii=False)
+    )
+    if messages and messages[0].role == "system":
+        first = ChatMessage("system", f"{messages[0].content}\n\n{instruction}")
+        return (first, *messages[1:])
+    return (ChatMessage("system", instruction), *messages)
+
+
+_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL | re.IGNORECASE)
+
+
+def parse_answer(text: str, schema: type[BaseModel], form: StructuredForm) -> BaseModel:
+    """Parses and validates a JSON answer.
+
+    Accepts the object inside a ```json fence too: models in JSON mode still write one.
+
+    Raises:
+        InvalidModelOutput: naming the schema, the form and what was wrong (no JSON, or
+            the fields that failed), never the text itself (it may echo the prompt).
+    """
+    fenced = _FENCE.match(text)
+    body = fenced.group(1) if fenced else text.strip()
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        raise InvalidModelOutput(f"{form.value}: answer is not JSON") from None
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        where = sorted({".".join(str(p) for p in e["loc"]) or "<root>" for e in exc.errors()})
+        named = ", ".join(w[:64] for w in where[:5])
+        raise InvalidModelOutput(
+            f"{form.value}: answer did not match {schema.__name__} ({named})"
+        ) from None
+
+
+class SchemaRefusals:
+    """The targets whose server refused a JSON schema, so that their later structured calls
+    use JSON mode at once instead of being refused each time. Bounded (oldest forgotten),
+    per provider instance, in memory only."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._capacity = capacity
+
+    def reason(self, base_url: str, model: str) -> str:
+        """Why this target gets JSON mode ("" when it has not refused a schema)."""
+        return self._seen.get((base_url, model), "")
+
+    def remember(self, base_url: str, model: str, reason: str) -> None:
+        """Records that the target refused the schema, and the error it answered."""
+        self._seen[(base_url, model)] = reason
+        self._seen.move_to_end((base_url, model))
+        while len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)

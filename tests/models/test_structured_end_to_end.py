@@ -1,0 +1,125 @@
+"""Structured output (supervisor plans, memory proposals) through a real gRPC server against
+an OpenAI-compatible server that refuses JSON schemas, as llama.cpp's does for a schema its
+grammar cannot take (HTTP 500 "failed to parse grammar")."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import collect, finals, member, of_kind, start_request
+from support.openai_server import OpenAITestServer, Reply
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> Iterator[str]:
+    """SQLite only: what is tested here is the model edge, not the store."""
+    yield f"sqlite:///{tmp_path / 'roundtable.db'}"
+
+
+def refusing_ref(base_url: str) -> spb.ModelRef:
+    return spb.ModelRef(target=spb.ModelTarget(provider="openai", model="llama", base_url=base_url))
+
+
+def formats(server: OpenAITestServer) -> list[str]:
+    """Each request's response format type ("text" for a plain speaker call)."""
+    return [(r.body.get("response_format") or {}).get("type", "text") for r in server.requests]
+
+
+def audit(caplog: pytest.LogCaptureFixture, caller_node: str) -> list[dict[str, object]]:
+    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "roundtable.audit"]
+    return [r for r in records if r["caller_node"] == caller_node]
+
+
+async def test_memory_is_proposed_when_the_server_refuses_the_schema(
+    stub: pb_grpc.OrchestratorServiceStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before the fix the schema went as a forced tool call, the refusal was MODEL_UNAVAILABLE
+    # (retried, then skipped): no memory_proposed, ever, against such a server.
+    caplog.set_level(logging.INFO, logger="roundtable.audit")
+    proposal = {
+        "member_id": "a",
+        "action": "create",
+        "content": "The user prefers short answers.",
+        "importance": 0.8,
+        "evidence_reply_ids": ["user"],
+    }
+    async with OpenAITestServer(refuse_schema=500) as model_server:
+        model_server.script(
+            Reply(text="Noted: short answers."), Reply(text=json.dumps({"proposals": [proposal]}))
+        )
+        ref = refusing_ref(model_server.base_url)
+        request = start_request(
+            "Remember that I prefer short answers.",
+            kind=spb.SESSION_KIND_SINGLE,
+            members=[member("a", "Alice")],
+            default_model=ref,
+            run_id="sm-1",
+        )
+        events = await collect(stub.StartRun(request))
+
+    (proposed,) = of_kind(events, "memory_proposed")
+    (got,) = proposed.memory_proposed.proposals
+    assert (got.member_id, got.content) == ("a", "The user prefers short answers.")
+    assert formats(model_server) == ["text", "json_schema", "json_object"]
+    assert [r["status"] for r in audit(caplog, "propose_memory")] == ["success"]
+
+
+async def test_the_supervisor_plans_in_json_mode_and_a_bad_answer_falls_back_with_its_reason(
+    start_server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="roundtable.audit")
+    plan = {"steps": [{"member_id": "b", "task": "Say which tea."}], "converged": True}
+    async with (
+        OpenAITestServer(refuse_schema=500) as model_server,
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        model_server.script(
+            Reply(text=json.dumps(plan)),  # the plan, in JSON mode after the refusal
+            Reply(text="Green tea."),  # Bob
+            Reply(text='{"proposals": []}'),  # memory: JSON mode at once
+            Reply(text="Let me think about who should speak."),  # the next turn's supervisor
+            Reply(text="I would say oolong."),  # the fallback speaker (the primary, Alice)
+        )
+        ref = refusing_ref(model_server.base_url)
+        planned = await collect(
+            stub.StartRun(start_request("which tea?", default_model=ref, run_id="sp-1"))
+        )
+        fallen = await collect(
+            stub.StartRun(start_request("and after?", default_model=ref, run_id="sp-2"))
+        )
+
+    first = of_kind(planned, "plan_created")[0].plan_created
+    assert first.source == epb.PLAN_SOURCE_SUPERVISOR
+    assert [s.member_id for s in first.steps] == ["b"]
+    assert [f.content for f in finals(planned)] == ["Green tea."]
+    second = of_kind(fallen, "plan_created")[0].plan_created
+    assert second.source == epb.PLAN_SOURCE_FALLBACK
+    assert second.fallback_reason == (
+        "supervisor_invalid_output: json_object: answer is not JSON; "
+        "the server refused the JSON schema (HTTP 500)"
+    )
+    assert [f.member_id for f in finals(fallen)] == ["a"]
+    assert formats(model_server) == [
+        "json_schema",
+        "json_object",
+        "text",
+        "json_object",
+        "json_object",
+        "text",
+        "json_object",  # its memory proposals (the echo: invalid, skipped)
+    ]
+    supervisor = audit(caplog, "supervisor")
+    assert [(r["status"], r["error_code"]) for r in supervisor] == [
+        ("success", ""),
+        ("error", "INVALID_OUTPUT"),
+    ], "a refusal is a model error, neither retried nor counted as unavailability"
