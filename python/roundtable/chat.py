@@ -7,8 +7,8 @@ import asyncio
 import os
 import sys
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -127,6 +127,79 @@ class ChatRenderer:
         out.flush()
 
 
+CLI_CREDENTIAL = "cli"
+"""The credentials entry (and `credential_ref`) holding the key `--api-key-file` or the
+environment gave: the key travels in StartRunRequest.credentials, never in the snapshot."""
+
+API_KEY_VARIABLES = ("ROUNDTABLE_API_KEY", "OPENAI_API_KEY")
+"""Where the key is read from when no `--api-key-file` is given, first found wins."""
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model `--model`, `--base-url` and the API key name for the turn."""
+
+    provider: str
+    model: str
+    base_url: str = ""
+    api_key: str = field(default="", repr=False)
+    timeout_ms: int = 0
+
+    def apply(self, request: pb.StartRunRequest) -> None:
+        """Makes this the session's default model: the supervisor's, the memory proposals'
+        and that of every member that names no model of its own."""
+        ref = request.snapshot.session.default_model
+        ref.Clear()
+        ref.target.provider = self.provider
+        ref.target.model = self.model
+        ref.target.base_url = self.base_url
+        if self.timeout_ms:
+            ref.timeout_ms = self.timeout_ms
+        if self.api_key:
+            ref.target.credential_ref = CLI_CREDENTIAL
+            request.credentials[CLI_CREDENTIAL] = self.api_key
+
+
+def parse_model(spec: str) -> tuple[str, str]:
+    """Splits `provider:model` at its first colon (model names may hold more: `qwen3:8b`).
+
+    Raises:
+        ValueError: when either part is empty.
+    """
+    provider, _, model = spec.partition(":")
+    if not provider or not model:
+        raise ValueError(
+            f"--model takes provider:model, for example openai:gpt-4o-mini, not {spec!r}"
+        )
+    return provider, model
+
+
+def read_api_key(key_file: str | None, environ: Mapping[str, str]) -> str:
+    """The API key: the file's first line when a file is named, else the first of
+    `API_KEY_VARIABLES` that is set, else "" (local servers need none)."""
+    if key_file:
+        lines = Path(key_file).read_text("utf-8").splitlines()
+        return lines[0].strip() if lines else ""
+    return next((environ[v].strip() for v in API_KEY_VARIABLES if environ.get(v)), "")
+
+
+def model_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> ModelChoice | None:
+    """The model the command line asks for, or None to keep the snapshot's (or the demo's
+    offline model)."""
+    if not args.model:
+        if args.base_url or args.api_key_file:
+            raise ValueError("--base-url and --api-key-file need --model provider:model")
+        return None
+    provider, model = parse_model(args.model)
+    return ModelChoice(
+        provider=provider,
+        model=model,
+        base_url=args.base_url or "",
+        api_key=read_api_key(args.api_key_file, environ),
+        timeout_ms=args.timeout_ms,
+    )
+
+
 def run_chat(argv: Sequence[str]) -> int:
     """Sends one turn and renders its stream; returns the exit code."""
     parser = argparse.ArgumentParser(prog="roundtable chat")
@@ -141,6 +214,26 @@ def run_chat(argv: Sequence[str]) -> int:
         "--token-file",
         help="a file holding the bearer token to send (or set ROUNDTABLE_CHAT_TOKEN)",
     )
+    parser.add_argument(
+        "--model",
+        help="provider:model for the supervisor, the memory proposals and every member without "
+        "a model of its own, for example openai:gpt-4o-mini or openai:smollm2 "
+        "(default: the snapshot's, else the built-in offline model)",
+    )
+    parser.add_argument(
+        "--base-url", help="the model server's base URL, for example http://127.0.0.1:8080/v1"
+    )
+    parser.add_argument(
+        "--api-key-file",
+        help="a file holding the model server's API key (else ROUNDTABLE_API_KEY, else "
+        "OPENAI_API_KEY; none for a local server); sent as a credential, never printed",
+    )
+    parser.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=0,
+        help="per-attempt model timeout with --model (default: the server's, 60 s)",
+    )
     parser.add_argument("--tls-ca-file", help="PEM roots to trust: connect with TLS")
     parser.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
     parser.add_argument("--tls-key-file", help="PEM key of the client certificate")
@@ -152,6 +245,10 @@ def run_chat(argv: Sequence[str]) -> int:
         parser.error("--tls-cert-file and --tls-key-file go together")
     if args.tls_cert_file and not args.tls_ca_file:
         parser.error("--tls-cert-file needs --tls-ca-file")
+    try:
+        choice = model_choice(args, os.environ)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
     security = ClientSecurity(
         token=token,
         ca=Path(args.tls_ca_file).read_bytes() if args.tls_ca_file else None,
@@ -173,6 +270,8 @@ def run_chat(argv: Sequence[str]) -> int:
         ),
         snapshot=snapshot,
     )
+    if choice is not None:
+        choice.apply(request)
     print(f"you: {snapshot.user_turn.text}")
     return asyncio.run(send_turn(args.target, request, names, sys.stdout, security=security))
 

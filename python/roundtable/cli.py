@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "usage: roundtable serve [--listen HOST:PORT] [--store URL] [...]  (roundtable serve --help)\n"
         "       roundtable chat [--target HOST:PORT] [--snapshot FILE] [--kind group|single]\n"
+        "                       [--model PROVIDER:MODEL [--base-url URL] [--api-key-file F]]\n"
         "                       [--token-file F] [--tls-ca-file F [--tls-cert-file F --tls-key-file F]] TEXT\n"
         "       roundtable graph   (prints the conversation graph as Mermaid)",
         file=sys.stdout if command in {"help", "-h", "--help"} else sys.stderr,
