@@ -12,7 +12,7 @@ BUF := npx --yes @bufbuild/buf@1.75.0
 GO_TOOLS := $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 ARGS ?=
 
-.PHONY: help run test lint generate checkgenerate breaking demo graph tools venv postgres bench bench-quick clean
+.PHONY: help run test test-llm lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -39,6 +39,10 @@ run: venv ## Serve on 127.0.0.1:50051 with a SQLite file under ./var and the off
 
 test: venv tools ## Run the whole test suite (real servers, real ports, SQLite and Postgres)
 	eval "$$(scripts/postgres.sh env)"; $(PY) -m pytest $(ARGS)
+
+test-llm: venv ## The real-model tests (tests/real_model) against llama-server, built once by make llm
+	scripts/llm.sh install
+	ROUNDTABLE_TEST_LLM=1 $(PY) -m pytest -m real_model tests/real_model $(ARGS)
 
 generate: venv tools ## Regenerate Python and Go code from proto/
 	scripts/generate.sh
@@ -76,6 +80,12 @@ graph: venv ## Print the conversation graph as Mermaid
 
 demo: venv ## Start a sidecar, run a count-off, an @mention, an open discussion and a stop
 	scripts/demo.sh
+
+llm: ## Start llama-server with SmolLM2-135M on loopback (built once, ~12 min) and print its URL
+	scripts/llm.sh $(ARGS)
+
+demo-llm: venv ## The demo against the real model of make llm (starts it if it is not running)
+	scripts/demo.sh --llm
 
 postgres: ## Start the test PostgreSQL (installs it from Debian if missing) and print its DSN
 	scripts/postgres.sh

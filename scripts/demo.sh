@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make demo: starts a sidecar (offline model, a throwaway database), runs a count-off,
 # an @mention, an open discussion and a stop, then shuts it down.
+# make demo-llm (scripts/demo.sh --llm): the same against the real model of scripts/llm.sh
+# (llama-server with SmolLM2-135M-Instruct; built once, started if it is not running).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rt=$root/.venv/bin/roundtable
@@ -8,6 +10,12 @@ py=$root/.venv/bin/python
 work=$(mktemp -d)
 port=${DEMO_PORT:-50151}
 target=127.0.0.1:$port
+model=()
+if [ "${1:-}" = --llm ]; then
+  base_url=$("$root/scripts/llm.sh")
+  model=(--model openai:smollm2 --base-url "$base_url")
+  echo "== model: openai:smollm2 at $base_url"
+fi
 
 "$rt" serve --listen "$target" --store "sqlite:///$work/demo.db" --offline-token-delay-ms 15 \
   --log-level WARNING 2>"$work/serve.log" &
@@ -30,14 +38,14 @@ while True:
         time.sleep(0.2)
 PY
 
-echo "== count-off"; "$rt" chat --target "$target" --thread demo-1 "大家报数！"
-echo; echo "== @mention"; "$rt" chat --target "$target" --thread demo-2 "@Mei @Kai what do you make of this? Remember that I prefer short answers."
-echo; echo "== open discussion"; "$rt" chat --target "$target" --thread demo-3 "Should we learn to brew tea or build a robot this weekend?"
+echo "== count-off"; "$rt" chat "${model[@]}" --target "$target" --thread demo-1 "大家报数！"
+echo; echo "== @mention"; "$rt" chat "${model[@]}" --target "$target" --thread demo-2 "@Mei @Kai what do you make of this? Remember that I prefer short answers."
+echo; echo "== open discussion"; "$rt" chat "${model[@]}" --target "$target" --thread demo-3 "Should we learn to brew tea or build a robot this weekend?"
 echo; echo "== stop (a second turn on the same thread stops the live one at its next speaker)"
 # The two chats run at once; each one's lines are printed whole, the stopped turn's first.
-"$rt" chat --target "$target" --thread demo-4 "@all tell me about your day" >"$work/talk.out" &
+"$rt" chat "${model[@]}" --target "$target" --thread demo-4 "@all tell me about your day" >"$work/talk.out" &
 talk=$!
 sleep 0.6
-"$rt" chat --target "$target" --thread demo-4 "停止" >"$work/stop.out"
+"$rt" chat "${model[@]}" --target "$target" --thread demo-4 "停止" >"$work/stop.out"
 wait $talk
 cat "$work/talk.out"; echo; cat "$work/stop.out"

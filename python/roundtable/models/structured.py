@@ -9,8 +9,8 @@ of JSON Schema. So a schema is sent in its most portable form:
 - `response_format: {"type": "json_schema", "json_schema": {..., "strict": false}}`, whose
   schema is pydantic's with every `$ref` inlined, `Optional[X]` sent as `X` (not
   required), and only the keywords every converter knows (type, properties, required,
-  items, enum, description): bounds, lengths and patterns stay in pydantic, which
-  validates every answer anyway.
+  items, enum, description, and a short maxLength): other bounds, long lengths and
+  patterns stay in pydantic, which validates every answer anyway.
 - When a server refuses that request (an HTTP error answered to it), the same attempt asks
   again in JSON mode (`{"type": "json_object"}`), with the schema in the prompt; the
   target is remembered, so its later calls go to JSON mode at once.
@@ -51,6 +51,14 @@ Ollama's schema-to-grammar converters all understand. The rest (minimum, maxLeng
 pattern, default, title...) are checked by pydantic after the answer."""
 
 
+_SHORT_MAX_LENGTH = 256
+"""A `maxLength` up to this is kept (ids): under a grammar it is what stops a small model
+writing one id for ever (SmolLM2 on llama-server wrote member_id digits until the token
+cap). Longer ones are dropped: llama.cpp's grammar limits repetitions to 2,000 (builds that
+expand `{0,4000}` refuse MemoryProposals, "failed to parse grammar"), and they bound nothing
+a token cap does not."""
+
+
 def portable_schema(schema: type[BaseModel]) -> dict[str, Any]:
     """The pydantic model's JSON schema in the portable form (see the module docstring)."""
     full = schema.model_json_schema()
@@ -77,6 +85,9 @@ def _portable(node: Any, defs: dict[str, Any]) -> Any:
             return _portable({**kept[0], **merged}, defs)
     out: dict[str, Any] = {}
     for key, value in node.items():
+        if key == "maxLength" and isinstance(value, int) and value <= _SHORT_MAX_LENGTH:
+            out[key] = value
+            continue
         if key not in _KEPT_KEYWORDS:
             continue
         if key == "properties":

@@ -40,9 +40,9 @@ class ProposedMemory(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    member_id: str = Field(description="The member who should remember it.")
+    member_id: str = Field(description="The member who should remember it.", max_length=128)
     action: Literal["create", "update", "forget"]
-    target_memory_id: str = Field(default="", description="For update and forget.")
+    target_memory_id: str = Field(default="", description="For update and forget.", max_length=128)
     content: str = Field(default="", max_length=4000)
     importance: float = Field(default=0.5, ge=0, le=1)
     evidence_reply_ids: list[str] = Field(default_factory=list)

@@ -32,7 +32,7 @@ class SupervisorStep(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    member_id: str = Field(description="Id of a member from the roster.")
+    member_id: str = Field(description="Id of a member from the roster.", max_length=128)
     task: str = Field(min_length=1, max_length=2000, description="What this member should do.")
     token_budget: int | None = Field(
         default=None, ge=1, description="Output tokens this speaker may use."
