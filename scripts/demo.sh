@@ -13,7 +13,9 @@ target=127.0.0.1:$port
 model=()
 if [ "${1:-}" = --llm ]; then
   base_url=$("$root/scripts/llm.sh")
-  model=(--model openai:smollm2 --base-url "$base_url")
+  # The example snapshot: the demo roster, SmolLM2 as the default model, 64 output tokens a
+  # speaker (a 135M model rambles); --base-url points it at the port llama-server got.
+  model=(--snapshot "$root/examples/llm-snapshot.json" --model openai:smollm2 --base-url "$base_url")
   echo "== model: openai:smollm2 at $base_url"
 fi
 

@@ -49,6 +49,7 @@ def test_base_url_without_a_model_is_refused() -> None:
 def test_the_choice_becomes_the_default_model_and_the_key_a_credential() -> None:
     request = pb.StartRunRequest()
     request.snapshot.session.default_model.fallbacks.add(provider="offline", model="old")
+    request.snapshot.session.default_model.temperature = 0.2
     choice = ModelChoice("openai", "smollm2", "http://127.0.0.1:8089/v1", KEY, timeout_ms=9000)
     choice.apply(request)
 
@@ -56,7 +57,7 @@ def test_the_choice_becomes_the_default_model_and_the_key_a_credential() -> None
     assert (ref.target.provider, ref.target.model) == ("openai", "smollm2")
     assert ref.target.base_url == "http://127.0.0.1:8089/v1"
     assert ref.target.credential_ref == CLI_CREDENTIAL and not ref.fallbacks
-    assert ref.timeout_ms == 9000
+    assert ref.timeout_ms == 9000 and ref.temperature == 0.2, "the snapshot's sampling stays"
     assert dict(request.credentials) == {CLI_CREDENTIAL: KEY}
     assert KEY not in repr(choice) and KEY not in str(request.snapshot)
 

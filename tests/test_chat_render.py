@@ -8,8 +8,10 @@ from roundtable.chat import ChatRenderer
 from roundtable.v1 import events_pb2 as epb
 
 
-def started(member: str) -> epb.RunEvent:
-    return epb.RunEvent(speaker_started=epb.SpeakerStarted(member_id=member, reply_id="r#0"))
+def started(member: str, attempt: int = 1) -> epb.RunEvent:
+    return epb.RunEvent(
+        speaker_started=epb.SpeakerStarted(member_id=member, reply_id="r#0", attempt=attempt)
+    )
 
 
 def delta(text: str, attempt: int = 1) -> epb.RunEvent:
@@ -46,3 +48,9 @@ def test_a_retried_attempt_starts_its_text_over_and_a_different_final_stands_alo
     assert text == "Mei: The answer is fo\n   (again) Hi.\n"
     replaced = shown(started("m"), delta("seven"), final("3!"))
     assert replaced == "Mei: seven\n   ✓ 3!\n"
+
+
+def test_a_re_asked_speaker_starts_a_line_of_its_own() -> None:
+    # Before: "Mei: seven!Mei (attempt 2): 3!" on one line.
+    text = shown(started("m"), delta("seven!"), started("m", attempt=2), delta("3!"), final("3!"))
+    assert text == "Mei: seven!\nMei (attempt 2): 3!\n"

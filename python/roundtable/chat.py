@@ -88,7 +88,9 @@ class ChatRenderer:
         elif kind == "speaker_started":
             s = event.speaker_started
             retry = f" (attempt {s.attempt})" if s.attempt > 1 else ""
-            out.write(f"{names.get(s.member_id, s.member_id)}{retry}: ")
+            # A re-asked speaker's failed attempt streamed text but got no final: end its line.
+            ended = "\n" if self._shown else ""
+            out.write(f"{ended}{names.get(s.member_id, s.member_id)}{retry}: ")
             self._shown, self._attempt = "", 0
         elif kind == "assistant_delta":
             delta = event.assistant_delta
@@ -149,10 +151,11 @@ class ModelChoice:
         """Makes this the session's default model: the supervisor's, the memory proposals'
         and that of every member that names no model of its own."""
         ref = request.snapshot.session.default_model
-        ref.Clear()
-        ref.target.provider = self.provider
-        ref.target.model = self.model
-        ref.target.base_url = self.base_url
+        # The snapshot's temperature and timeout stay; its fallbacks were for another model.
+        ref.target.CopyFrom(
+            spb.ModelTarget(provider=self.provider, model=self.model, base_url=self.base_url)
+        )
+        del ref.fallbacks[:]
         if self.timeout_ms:
             ref.timeout_ms = self.timeout_ms
         if self.api_key:

@@ -12,9 +12,10 @@ Each request takes the next scripted step; once the script is empty the server e
 last user message (`echo: <text>`). A step is `Reply`, `ToolCall`, `Fail` or `Delay`.
 
 `OpenAITestServer(refuse_schema=500)` answers every request that sends a JSON schema (a
-`response_format` json_schema, or tools the model must call) the way llama.cpp's server
-answers one its grammar cannot take, without using a scripted step; JSON mode
-(`json_object`) and plain requests are served as usual.
+`response_format` json_schema, or tools the model must call) with that HTTP error, as
+llama.cpp servers refuse schemas (llama-cpp-python's server answers a json_schema
+response format with 500, and fails to parse the grammar of a long-bounded tool schema),
+without using a scripted step; JSON mode (`json_object`) and plain requests are served.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class OpenAITestServer:
         record = RecordedRequest(body, request.headers.get("Authorization"))
         self.requests.append(record)
         if self.refuse_schema is not None and _sends_schema(body):
-            # llama.cpp's words and shape (measured on llama-server; see tests/real_model).
+            # The OpenAI error shape; the words llama.cpp logs for a grammar it cannot parse.
             error = {"code": self.refuse_schema, "message": GRAMMAR_REFUSAL, "type": "server_error"}
             return web.json_response({"error": error}, status=self.refuse_schema)
         step: Step | None = self._script.popleft() if self._script else None
