@@ -18,7 +18,9 @@ from roundtable.domain.errors import (
     StreamOverflow,
     TenantForbidden,
     ThreadBusy,
+    TooManyCalls,
     TooManyRuns,
+    TooManyStreams,
     Unauthenticated,
 )
 
@@ -29,6 +31,8 @@ STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
     ThreadBusy: grpc.StatusCode.FAILED_PRECONDITION,
     StreamGap: grpc.StatusCode.FAILED_PRECONDITION,
     TooManyRuns: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooManyCalls: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooManyStreams: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Draining: grpc.StatusCode.UNAVAILABLE,
     RunOrphaned: grpc.StatusCode.UNAVAILABLE,
     StreamOverflow: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -73,7 +77,7 @@ def to_grpc_status(error: RoundtableError) -> grpc.Status:
     details: list[any_pb2.Any] = []
     if isinstance(error, InvalidRequest):
         details.append(_pack(bad_request(error)))
-    if isinstance(error, TooManyRuns):
+    if isinstance(error, TooManyRuns | TooManyCalls | TooManyStreams):
         details.append(
             _pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))
         )

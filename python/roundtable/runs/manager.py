@@ -149,6 +149,8 @@ class RunLimits:
     """Runs of one tenant executing at once."""
     stream_buffer: int = 1_024
     """Events buffered per stream (see `live.Subscription`)."""
+    max_streams_per_run: int = 64
+    """Streams attached to one live run at once (a follower costs ≈60 KB)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,7 +332,12 @@ class RunManager:
                 record.last_seq = prior_events[-1].seq if prior_events else 0
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
-            live = LiveRun(request=request, record=record, buffer=self.limits.stream_buffer)
+            live = LiveRun(
+                request=request,
+                record=record,
+                buffer=self.limits.stream_buffer,
+                max_streams=self.limits.max_streams_per_run,
+            )
             self._per_tenant[ctx.tenant] += 1
             for event in prior_events:
                 live.progress.observe(event)
@@ -873,6 +880,7 @@ class RunManager:
     async def _subscribe(self, live: LiveRun, *, after_seq: int) -> Subscription:
         """A stream of a run this process executes: durable events after `after_seq`, then
         the live ones."""
+        live.check_room()  # before reading the log for it
         first_in_memory = live.backlog[0].seq if live.backlog else live.record.last_seq + 1
         head: list[epb.RunEvent] = []
         if after_seq + 1 < first_in_memory:
