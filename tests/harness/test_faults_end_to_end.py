@@ -280,3 +280,23 @@ async def test_output_tokens_are_counted_when_the_server_reports_none(
     (line,) = [line for line in audit(caplog) if line["run_id"] == run_id]
     assert line["output_tokens"] == 3
     assert line["usage_source"] == ("reported" if reports_usage else "counted")
+
+
+async def test_a_skipped_memory_proposal_logs_why(stub, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    async with OpenAITestServer() as model_server:
+        # The speaker answers; the memory proposal's three attempts get a 500 each.
+        model_server.script(Reply(text="Noted."), *[Fail(status=500, message=KEY)] * 3)
+        request = start_request(
+            "remember that I like tea",
+            kind=spb.SESSION_KIND_SINGLE,
+            members=[member("a", "Alice")],
+            run_id="why-4",
+            default_model=openai_ref(model_server.base_url),
+        )
+        events = await collect(stub.StartRun(request))
+    assert of_kind(events, "run_completed")
+    (line,) = [
+        r.getMessage() for r in caplog.records if r.name == "roundtable.graph.nodes.propose_memory"
+    ]
+    assert "why-4" in line and "HTTP 500 Internal Server Error" in line and KEY not in line

@@ -157,7 +157,11 @@ async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationS
         )
     except ModelError as exc:
         # Memory is a bonus: the turn's replies are already delivered, so it still succeeds.
-        log.warning("memory proposal skipped: %s", exc.code)
+        # The error's text is Roundtable's own (a status, "connection refused"): it says
+        # why without the provider's message, which may echo the prompt.
+        log.warning(
+            "memory proposal skipped (run %s): %s %s", ctx.request.context.run_id, exc.code, exc
+        )
         return {}
     assert isinstance(result.parsed, MemoryProposals)
     proposals = accept(result.parsed.proposals, snapshot, replies, ctx.request.context.run_id)
