@@ -124,7 +124,7 @@ async def test_http_errors_map_without_leaking_the_body(
     text = f"{caught.value!s} {caught.value!r} {caught.value.detail}"
     assert API_KEY not in text
     assert PROMPT not in text
-    assert str(status) in caught.value.detail
+    assert caught.value.detail.startswith(f"HTTP {status} ")  # with the standard phrase
     assert caught.value.__cause__ is None
     assert caught.value.__context__ is None, "the SDK's error holds the request, key included"
     assert len(server.requests) == 1, "the SDK must not retry; the harness does"
@@ -143,8 +143,26 @@ async def test_an_unreachable_server_is_unavailable() -> None:
     async with OpenAITestServer() as gone:
         pass  # Closed again: its port now refuses connections.
 
-    with pytest.raises(ModelUnavailable):
+    with pytest.raises(ModelUnavailable) as caught:
         await _complete(gone)
+    assert caught.value.detail == "connection refused (ECONNREFUSED)"
+
+
+async def test_a_connection_dropped_mid_answer_says_so(server: OpenAITestServer) -> None:
+    server.script(Reply(chunks=["The ", "capital "], reset_after=2))
+    with pytest.raises(ModelUnavailable) as caught:
+        await _complete(server)
+    assert caught.value.detail == "the server closed the connection mid-answer"
+    assert caught.value.retryable
+
+
+async def test_a_stream_cut_before_its_finish_reason_is_a_retryable_failure(
+    server: OpenAITestServer,
+) -> None:
+    server.script(Reply(chunks=["The ", "capital ", "is "], cut_after=3))
+    with pytest.raises(ModelUnavailable) as caught:
+        await _complete(server, on_text=[])
+    assert "cut off" in caught.value.detail and caught.value.retryable
 
 
 async def test_cancelling_the_task_aborts_the_http_stream(server: OpenAITestServer) -> None:
