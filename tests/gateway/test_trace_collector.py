@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 from support.gateway import (
     GATEWAY_SERVICE,
     ROUNDTABLE_SERVICE,
+    RPC,
     Turn,
     assert_one_trace,
     run_gateway_turn,
@@ -73,6 +76,10 @@ async def test_one_trace_across_gateway_and_roundtable_in_a_real_collector(
     assert set(exported.metric_points) >= RUN_METRICS, sorted(exported.metric_points)
     assert ROUNDTABLE_SERVICE in exported.metric_services
     assert exported.counts("roundtable.runs", by="roundtable.status") == {"succeeded": 1}
+    # The README shows this script's tree of the same files.
+    tree = _trace_tree(collector.out)
+    assert f"{ROUNDTABLE_SERVICE}  {RPC}  thread_id={turn.thread_id}" in tree, tree
+    assert f"metrics from {ROUNDTABLE_SERVICE}: " in tree, tree
 
 
 async def test_the_collector_takes_otlp_over_http_too(otelcol: Path, tmp_path: Path) -> None:
@@ -97,6 +104,16 @@ async def test_the_collector_takes_otlp_over_http_too(otelcol: Path, tmp_path: P
     assert stopped == 0, collector.log()
     (span,) = collector.exported().spans
     assert (span.service, span.name, span.trace_id) == ("curl", "over-http", HTTP_SPAN["traceId"])
+
+
+def _trace_tree(folder: Path) -> str:
+    """What scripts/trace-tree.py prints for the collector's files."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "trace-tree.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder)], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 HTTP_SPAN = {
