@@ -265,3 +265,36 @@ async def test_a_429_asking_for_too_long_a_wait_moves_on_to_the_fallback() -> No
         result = await _harness(max_retry_after_s=5.0).call(_request(limited, _target(fallback)))
     assert result.text == "from the fallback"
     assert len(limited.requests) == 1, "not retried against an hour's Retry-After"
+
+
+async def test_no_provider_header_url_or_prompt_reaches_the_log_at_debug(
+    server: OpenAITestServer,
+) -> None:
+    import io
+    import logging
+
+    from roundtable.telemetry import logs
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    stream = io.StringIO()
+    writer = logs.configure("DEBUG", stream)
+    try:
+        secret_query = "sig=q-9f8e7d6c"
+        target = ModelTarget(
+            provider="openai", model="qwen-test", base_url=f"{server.base_url}?{secret_query}"
+        )
+        provider = build_openai_provider(default_timeout_s=10.0)
+        # The query makes the test server answer 404: the request went out, and was logged.
+        with pytest.raises(ModelRejected):
+            await provider.complete(target, _call(), api_key=API_KEY, on_text=None)
+        logging.getLogger("roundtable.test").debug("a debug line of our own")
+    finally:
+        writer.stop()
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    # The test server's own access log (aiohttp) is not the sidecar's.
+    text = "\n".join(line for line in stream.getvalue().splitlines() if " aiohttp." not in line)
+    assert "a debug line of our own" in text  # DEBUG was on
+    for leak in (API_KEY, secret_query, "Bearer", PROMPT, server.base_url, "HTTP Request"):
+        assert leak not in text, f"{leak!r} reached the log"

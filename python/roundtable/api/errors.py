@@ -41,6 +41,17 @@ STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
 }
 
 
+RETRY_AFTER_S: dict[type[RoundtableError], int] = {
+    TooManyRuns: 1,
+    TooManyCalls: 1,
+    TooManyStreams: 1,
+    # Nothing to wait for: re-attach at once with StreamRun(after_seq).
+    StreamOverflow: 0,
+}
+"""The RESOURCE_EXHAUSTED errors worth retrying, and the google.rpc.RetryInfo delay each
+carries: one without a RetryInfo (the transport's size limit) is not worth retrying."""
+
+
 def status_code_of(error: RoundtableError) -> grpc.StatusCode:
     """The status code of an error (its nearest mapped class; INTERNAL otherwise)."""
     for cls in type(error).__mro__:
@@ -77,10 +88,10 @@ def to_grpc_status(error: RoundtableError) -> grpc.Status:
     details: list[any_pb2.Any] = []
     if isinstance(error, InvalidRequest):
         details.append(_pack(bad_request(error)))
-    if isinstance(error, TooManyRuns | TooManyCalls | TooManyStreams):
-        details.append(
-            _pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))
-        )
+    retry_after_s = RETRY_AFTER_S.get(type(error))
+    if retry_after_s is not None:
+        delay = duration_pb2.Duration(seconds=retry_after_s)
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     status = status_pb2.Status(
         code=getattr(code_pb2, code.name), message=str(error), details=details
     )

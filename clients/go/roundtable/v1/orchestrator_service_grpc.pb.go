@@ -39,15 +39,27 @@ const (
 //	INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
 //	                   every bad field once (while they fit in 4 KiB of details;
 //	                   then a last entry counts the rest), and nothing of the
-//	                   request is stored.
+//	                   request is stored. Bytes that do not parse as the
+//	                   request message get it too, with a plain message and one
+//	                   entry without a field. Not retryable.
 //	ALREADY_EXISTS     the run_id is known with a different snapshot.
 //	NOT_FOUND          no such run for this tenant (another tenant's run looks
 //	                   exactly like a missing one).
 //	FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
 //	                   StreamRun cannot be continued from after_seq.
-//	RESOURCE_EXHAUSTED too many runs; retry later (google.rpc.RetryInfo).
-//	UNAUTHENTICATED    the caller's credentials are missing or wrong.
-//	UNAVAILABLE        the server is draining; retry on another replica.
+//	RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
+//	                   calls in flight for this caller, too many streams
+//	                   attached to this run (retry after the delay), or a
+//	                   stream whose reader fell behind (delay 0: re-attach at
+//	                   once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
+//	                   transport refused a message over its size limit (the
+//	                   server's max_request_bytes plus 1 MiB); not retryable.
+//	UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
+//	                   from the metadata before the request is read.
+//	PERMISSION_DENIED  the caller may not act for the request's tenant.
+//	UNAVAILABLE        the server is draining, or the run's execution stopped
+//	                   before its end (a restart, a crash): send the same
+//	                   StartRun again (on another replica when draining).
 type OrchestratorServiceClient interface {
 	// StartRun runs one user turn and streams its events, from run_started to
 	// the run's terminal event (run_completed, run_cancelled or run_failed).
@@ -161,15 +173,27 @@ func (c *orchestratorServiceClient) GetRun(ctx context.Context, in *GetRunReques
 //	INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
 //	                   every bad field once (while they fit in 4 KiB of details;
 //	                   then a last entry counts the rest), and nothing of the
-//	                   request is stored.
+//	                   request is stored. Bytes that do not parse as the
+//	                   request message get it too, with a plain message and one
+//	                   entry without a field. Not retryable.
 //	ALREADY_EXISTS     the run_id is known with a different snapshot.
 //	NOT_FOUND          no such run for this tenant (another tenant's run looks
 //	                   exactly like a missing one).
 //	FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
 //	                   StreamRun cannot be continued from after_seq.
-//	RESOURCE_EXHAUSTED too many runs; retry later (google.rpc.RetryInfo).
-//	UNAUTHENTICATED    the caller's credentials are missing or wrong.
-//	UNAVAILABLE        the server is draining; retry on another replica.
+//	RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
+//	                   calls in flight for this caller, too many streams
+//	                   attached to this run (retry after the delay), or a
+//	                   stream whose reader fell behind (delay 0: re-attach at
+//	                   once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
+//	                   transport refused a message over its size limit (the
+//	                   server's max_request_bytes plus 1 MiB); not retryable.
+//	UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
+//	                   from the metadata before the request is read.
+//	PERMISSION_DENIED  the caller may not act for the request's tenant.
+//	UNAVAILABLE        the server is draining, or the run's execution stopped
+//	                   before its end (a restart, a crash): send the same
+//	                   StartRun again (on another replica when draining).
 type OrchestratorServiceServer interface {
 	// StartRun runs one user turn and streams its events, from run_started to
 	// the run's terminal event (run_completed, run_cancelled or run_failed).
