@@ -87,6 +87,13 @@ class RunOrphaned(RoundtableError):
     retryable = True
 
 
+class RunContinued(RoundtableError):
+    """The run's last execution stopped before its end and a later run continued it: its
+    log has no terminal event, and never will (the continuing run answers for it)."""
+
+    message = "the run stopped before its end and was continued by another run"
+
+
 class StreamOverflow(RoundtableError):
     """A stream's reader fell too far behind; the run goes on."""
 

@@ -27,6 +27,7 @@ from roundtable.domain.errors import (
     Draining,
     RoundtableError,
     RunAlreadyExists,
+    RunContinued,
     RunNotFound,
     RunOrphaned,
     StreamGap,
@@ -151,6 +152,32 @@ class RunLimits:
     """Events buffered per stream (see `live.Subscription`)."""
     max_streams_per_run: int = 64
     """Streams attached to one live run at once (a follower costs ≈60 KB)."""
+
+
+def _is_terminal(event: epb.RunEvent) -> bool:
+    return event.WhichOneof("payload") in TERMINAL_KINDS
+
+
+def _stored_stream(
+    record: RunRecord, events: list[epb.RunEvent], *, log_ends: bool | None = None
+) -> Subscription:
+    """A stream of a run no process executes: its stored events, then its end.
+
+    A log whose last execution died before its terminal event (a crash or kill, then a
+    restart that marked it interrupted, or a lease that ran out) does not end OK, which a
+    gateway would take for the run's end: it ends UNAVAILABLE (RunOrphaned: send the same
+    StartRun, which resumes it), or FAILED_PRECONDITION (RunContinued) once a later run has
+    continued it.
+    """
+    sub = Subscription(events, ended=True)
+    if log_ends is None:
+        log_ends = bool(events) and _is_terminal(events[-1])
+    if not log_ends:
+        if record.status is RunStatus.CONTINUED:
+            sub.error = RunContinued(f"run {record.run_id!r} by run {record.continued_by!r}")
+        else:
+            sub.error = RunOrphaned(record.run_id)
+    return sub
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -504,7 +531,7 @@ class RunManager:
 
     async def _replay(self, record: RunRecord) -> Subscription:
         events = await self.store.read_events(record.tenant, record.run_id, 0)
-        return Subscription([epb.RunEvent.FromString(e.body) for e in events], ended=True)
+        return _stored_stream(record, [epb.RunEvent.FromString(e.body) for e in events])
 
     # -- executing --------------------------------------------------------------------------
 
@@ -875,7 +902,8 @@ class RunManager:
             # Never skip silently: a gap means the log lost events the caller has not seen.
             raise StreamGap(f"the event log of run {run_id!r} is missing events")
         events = [epb.RunEvent.FromString(e.body) for e in stored if e.seq > after_seq]
-        return Subscription(events, ended=True)
+        ends = bool(stored) and _is_terminal(epb.RunEvent.FromString(stored[-1].body))
+        return _stored_stream(record, events, log_ends=ends)
 
     async def _subscribe(self, live: LiveRun, *, after_seq: int) -> Subscription:
         """A stream of a run this process executes: durable events after `after_seq`, then

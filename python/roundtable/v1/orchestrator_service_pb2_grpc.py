@@ -41,8 +41,11 @@ class OrchestratorServiceStub:
     ALREADY_EXISTS     the run_id is known with a different snapshot.
     NOT_FOUND          no such run for this tenant (another tenant's run looks
     exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
-    StreamRun cannot be continued from after_seq.
+    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
+    StreamRun cannot be continued from after_seq, or the
+    run's last execution stopped before its end and a later
+    run continued it (its stream replays the log, then ends
+    so: no terminal event will ever come).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
     calls in flight for this caller, too many streams
     attached to this run (retry after the delay), or a
@@ -54,8 +57,9 @@ class OrchestratorServiceStub:
     from the metadata before the request is read.
     PERMISSION_DENIED  the caller may not act for the request's tenant.
     UNAVAILABLE        the server is draining, or the run's execution stopped
-    before its end (a restart, a crash): send the same
-    StartRun again (on another replica when draining).
+    before its end (a restart, a crash; a stream of such a
+    run replays its log, then ends so, never OK): send the
+    same StartRun again (on another replica when draining).
     """
 
     def __init__(self, channel):
@@ -102,8 +106,11 @@ class OrchestratorServiceServicer:
     ALREADY_EXISTS     the run_id is known with a different snapshot.
     NOT_FOUND          no such run for this tenant (another tenant's run looks
     exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
-    StreamRun cannot be continued from after_seq.
+    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
+    StreamRun cannot be continued from after_seq, or the
+    run's last execution stopped before its end and a later
+    run continued it (its stream replays the log, then ends
+    so: no terminal event will ever come).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
     calls in flight for this caller, too many streams
     attached to this run (retry after the delay), or a
@@ -115,8 +122,9 @@ class OrchestratorServiceServicer:
     from the metadata before the request is read.
     PERMISSION_DENIED  the caller may not act for the request's tenant.
     UNAVAILABLE        the server is draining, or the run's execution stopped
-    before its end (a restart, a crash): send the same
-    StartRun again (on another replica when draining).
+    before its end (a restart, a crash; a stream of such a
+    run replays its log, then ends so, never OK): send the
+    same StartRun again (on another replica when draining).
     """
 
     def StartRun(self, request, context):
@@ -145,7 +153,9 @@ class OrchestratorServiceServicer:
         greater than after_seq, then follows the live ones to the run's terminal
         event (the last one, when earlier executions of a resumed run ended too).
         Errors: NOT_FOUND; FAILED_PRECONDITION when events after after_seq are no
-        longer available (never a silent gap).
+        longer available (never a silent gap) or the run was continued before its
+        end; UNAVAILABLE after the log of a run whose execution died (send the
+        same StartRun: it resumes). Only a run's terminal event ends it OK.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -216,8 +226,11 @@ class OrchestratorService:
     ALREADY_EXISTS     the run_id is known with a different snapshot.
     NOT_FOUND          no such run for this tenant (another tenant's run looks
     exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
-    StreamRun cannot be continued from after_seq.
+    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
+    StreamRun cannot be continued from after_seq, or the
+    run's last execution stopped before its end and a later
+    run continued it (its stream replays the log, then ends
+    so: no terminal event will ever come).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
     calls in flight for this caller, too many streams
     attached to this run (retry after the delay), or a
@@ -229,8 +242,9 @@ class OrchestratorService:
     from the metadata before the request is read.
     PERMISSION_DENIED  the caller may not act for the request's tenant.
     UNAVAILABLE        the server is draining, or the run's execution stopped
-    before its end (a restart, a crash): send the same
-    StartRun again (on another replica when draining).
+    before its end (a restart, a crash; a stream of such a
+    run replays its log, then ends so, never OK): send the
+    same StartRun again (on another replica when draining).
     """
 
     @staticmethod
