@@ -202,3 +202,19 @@ async def test_a_run_takes_a_bounded_number_of_streams(tmp_path: Path) -> None:
             turn.cancel()
     finally:
         await server.stop()
+
+
+async def test_only_the_retryable_resource_exhausted_carries_a_retry_info(start_server) -> None:
+    # The transport's size limit (max_request_bytes + 1 MiB) answers RESOURCE_EXHAUSTED
+    # with no RetryInfo: the contract's sign that sending it again cannot help.
+    async with (
+        start_server(max_request_bytes=1024) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        start = _raw_call(channel, START_RUN, streaming=True)
+        error = await _code_of(start(_big_request(2 * 1024 * 1024), timeout=30))
+    assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = rpc_status.from_call(error)
+    assert details is None or not any(
+        d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details.details
+    )
