@@ -11,11 +11,16 @@ TOOLS := $(CURDIR)/.tools/bin
 BUF := npx --yes @bufbuild/buf@1.75.0
 GO_TOOLS := $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/grpcurl
 ARGS ?=
+# The OpenTelemetry Collector that make collector builds: one release for the builder and
+# every module in otelcol/builder.yaml.
+OTELCOL_VERSION := 0.161.0
+OTELCOL := $(TOOLS)/roundtable-otelcol
+OTELCOL_OUT ?= var/otelcol
 
-.PHONY: help run test test-llm lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
+.PHONY: help run test test-llm test-collector collector lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
 
 help: ## Show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: python/pyproject.toml python/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +39,19 @@ $(TOOLS)/grpcurl:
 
 tools: $(GO_TOOLS) ## Install the Go code generators and grpcurl into .tools/bin
 
+# Built once (about 2.5-4 minutes on 2 cores), again only when the manifest changes. The
+# builder writes its sources and binary under .tools/otelcol-build; only the binary is kept.
+$(OTELCOL): otelcol/builder.yaml
+	GOBIN=$(CURDIR)/.tools/otelcol-builder go install go.opentelemetry.io/collector/cmd/builder@v$(OTELCOL_VERSION)
+	rm -rf .tools/otelcol-build
+	.tools/otelcol-builder/builder --config=otelcol/builder.yaml
+	install -m 0755 .tools/otelcol-build/roundtable-otelcol $@
+	rm -rf .tools/otelcol-build
+
+collector: $(OTELCOL) ## Build the OTel Collector once (.tools/bin), start it: OTLP on 127.0.0.1:4317/4318, files in var/otelcol
+	mkdir -p $(OTELCOL_OUT)
+	OTELCOL_OUT=$(OTELCOL_OUT) $(OTELCOL) --config=otelcol/config.yaml
+
 run: venv ## Serve on 127.0.0.1:50051 with a SQLite file under ./var and the offline model
 	$(VENV)/bin/roundtable serve $(ARGS)
 
@@ -43,6 +61,9 @@ test: venv tools ## Run the whole test suite (real servers, real ports, SQLite a
 test-llm: venv ## The real-model tests (tests/real_model) against llama-server, built once by make llm
 	scripts/llm.sh install
 	ROUNDTABLE_TEST_LLM=1 $(PY) -m pytest -m real_model tests/real_model $(ARGS)
+
+test-collector: venv $(OTELCOL) ## The trace tests against the real OTel Collector (builds it first)
+	ROUNDTABLE_OTELCOL=$(OTELCOL) $(PY) -m pytest -m collector $(ARGS)
 
 generate: venv tools ## Regenerate Python and Go code from proto/
 	scripts/generate.sh

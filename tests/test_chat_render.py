@@ -50,7 +50,24 @@ def test_a_retried_attempt_starts_its_text_over_and_a_different_final_stands_alo
     assert replaced == "Mei: seven\n   ✓ 3!\n"
 
 
-def test_a_re_asked_speaker_starts_a_line_of_its_own() -> None:
-    # Before: "Mei: seven!Mei (attempt 2): 3!" on one line.
-    text = shown(started("m"), delta("seven!"), started("m", attempt=2), delta("3!"), final("3!"))
-    assert text == "Mei: seven!\nMei (attempt 2): 3!\n"
+def test_a_second_attempt_starts_a_line_of_its_own() -> None:
+    # A count-off reply that failed its check is asked again as attempt 2.
+    second = epb.RunEvent(
+        speaker_started=epb.SpeakerStarted(member_id="m", reply_id="r#0", attempt=2)
+    )
+    text = shown(started("m"), delta("you are number 1"), second, final("2"))
+    assert text == "Mei: you are number 1\nMei (attempt 2): 2\n"
+
+
+def test_a_failed_speaker_is_shown_with_its_cause() -> None:
+    failed = epb.RunEvent(
+        speaker_failed=epb.SpeakerFailed(
+            member_id="m",
+            code="MODEL_UNAVAILABLE",
+            message="model server unavailable: connection refused (ECONNREFUSED)",
+        )
+    )
+    assert shown(started("m"), failed) == (
+        "Mei: \n   ✗ Mei failed: MODEL_UNAVAILABLE"
+        " (model server unavailable: connection refused (ECONNREFUSED))\n"
+    )

@@ -70,6 +70,8 @@ class ChatRenderer:
         self._shown = ""
         """The text streamed so far for the reply being written."""
         self._attempt = 0
+        self._open = False
+        """A speaker's line is started and not yet ended by its final or failure."""
 
     def __call__(self, event: epb.RunEvent) -> None:
         """Prints one event."""
@@ -88,10 +90,12 @@ class ChatRenderer:
         elif kind == "speaker_started":
             s = event.speaker_started
             retry = f" (attempt {s.attempt})" if s.attempt > 1 else ""
-            # A re-asked speaker's failed attempt streamed text but got no final: end its line.
-            ended = "\n" if self._shown else ""
-            out.write(f"{ended}{names.get(s.member_id, s.member_id)}{retry}: ")
-            self._shown, self._attempt = "", 0
+            # An attempt after a failed one gets a line of its own, not the end of
+            # the failed attempt's line.
+            if self._open:
+                out.write("\n")
+            out.write(f"{names.get(s.member_id, s.member_id)}{retry}: ")
+            self._shown, self._attempt, self._open = "", 0, True
         elif kind == "assistant_delta":
             delta = event.assistant_delta
             if self._shown and delta.attempt != self._attempt:
@@ -109,12 +113,13 @@ class ChatRenderer:
                 out.write(f"\n   ✓ {f.content}{note}\n")
             else:
                 out.write(f"{f.content}{note}\n")
-            self._shown = ""
+            self._shown, self._open = "", False
         elif kind == "speaker_failed":
             failed = event.speaker_failed
             who = names.get(failed.member_id, failed.member_id)
-            out.write(f"\n   ✗ {who} failed: {failed.code}\n")
-            self._shown = ""
+            why = f" ({failed.message})" if failed.message else ""
+            out.write(f"\n   ✗ {who} failed: {failed.code}{why}\n")
+            self._shown, self._open = "", False
         elif kind == "memory_proposed":
             for proposal in event.memory_proposed.proposals:
                 who = names.get(proposal.member_id, proposal.member_id)

@@ -84,6 +84,12 @@ class Settings:
     """Events buffered per stream for a slow reader. When full, deltas are dropped; a durable
     event that does not fit ends the stream with RESOURCE_EXHAUSTED, and the reader
     re-attaches with StreamRun(after_seq) without losing anything."""
+    max_calls_per_caller: int = 4_096
+    """Calls (streams included) one caller holds open at once; more get RESOURCE_EXHAUSTED
+    with a retry hint. A caller is a bearer token or client certificate (all callers are one
+    when caller authentication is off)."""
+    max_streams_per_run: int = 64
+    """Streams attached to one live run at once (StartRun attaches and StreamRun followers)."""
     max_request_bytes: int = 16 * 1024 * 1024
     """Largest StartRunRequest accepted."""
     max_members: int = 32

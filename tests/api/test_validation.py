@@ -410,3 +410,24 @@ def test_a_history_over_the_count_limit_is_reported() -> None:
     violations = validate_start_run(request, limits=RequestLimits(), providers={"offline"})
 
     assert [v.field for v in violations] == ["snapshot.history"]
+
+
+@pytest.mark.parametrize(
+    "cancel, field",
+    [
+        (pb.CancelRunRequest(run_id="r-1", tenant="A", mode=7), "mode"),  # type: ignore[arg-type]
+        (pb.CancelRunRequest(run_id="r-1", tenant="A", reason="stop\x00now"), "reason"),
+        (pb.CancelRunRequest(run_id="r-1", tenant="A", reason="x" * 257), "reason"),
+    ],
+    ids=["unknown-mode", "nul-in-reason", "long-reason"],
+)
+async def test_a_cancel_with_an_unknown_mode_or_a_bad_reason_is_invalid(
+    server, stub, cancel: pb.CancelRunRequest, field: str
+) -> None:
+    # The same answer on either store and whether or not the run is this replica's: it is
+    # decided before the run is even looked up (Postgres refused the NUL with UNKNOWN).
+    rejected = await rejection(stub.CancelRun(cancel))
+
+    assert rejected.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert list(rejected.violations) == [field]
+    assert await server.store.count_rows() == 0

@@ -190,3 +190,58 @@ async def test_sigterm_drains_at_a_speaker_boundary_and_exits_0(tmp_path: Path) 
     _b, b_events, status = await resume_on_b(tmp_path, request)
     assert [f.step for f in finals(b_events)] == [2, 3, 4, 5]
     assert status == pb.RUN_STATUS_SUCCEEDED
+
+
+async def _stream_of(server: ServerProcess, run_id: str) -> tuple[list[epb.RunEvent], object]:
+    """StreamRun from seq 0: the events it gave, and the status it ended with."""
+    import grpc
+
+    events: list[epb.RunEvent] = []
+    async with server.channel() as channel:
+        call = server.stub(channel).StreamRun(pb.StreamRunRequest(run_id=run_id, tenant="tenant-1"))
+        try:
+            async for response in call:
+                events.append(response.event)
+        except grpc.aio.AioRpcError as error:
+            return events, error.code()
+    return events, "OK"
+
+
+async def test_a_stream_of_a_run_whose_execution_died_is_not_a_clean_end(tmp_path: Path) -> None:
+    import grpc
+
+    a = await ServerProcess(tmp_path / "rt.db", tmp_path / "a.log").start()
+    request = six_speakers("@all hello", "died-1")
+    killed = await run_until_killed(
+        a, request, lambda e: e.WhichOneof("payload") == "speaker_started"
+    )
+    b = await ServerProcess(tmp_path / "rt.db", tmp_path / "b.log").start()
+    try:
+        # Marked interrupted at B's start: its log ends at speaker_started, not at a
+        # terminal event, so the stream must say "send the same StartRun".
+        events, code = await _stream_of(b, "died-1")
+        assert [e.seq for e in events] == [e.seq for e in killed if e.seq]
+        assert code == grpc.StatusCode.UNAVAILABLE
+        # A 继续 turn continues it: the old run's stream then ends FAILED_PRECONDITION
+        # (nothing more will come), not OK after a speaker_started.
+        cont = start_request(
+            "继续",
+            members=list(request.snapshot.members),
+            run_id="died-2",
+            thread_id="thread-died-1",
+        )
+        async with b.channel() as channel:
+            await collect(b.stub(channel).StartRun(cont))
+        events, code = await _stream_of(b, "died-1")
+        assert events and events[-1].WhichOneof("payload") not in {
+            "run_completed",
+            "run_cancelled",
+            "run_failed",
+        }
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        async with b.channel() as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as replay:
+                await collect(b.stub(channel).StartRun(request))
+        assert replay.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await b.stop()

@@ -8,7 +8,7 @@ import pytest
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, Memory, Session, SessionKind, Snapshot, UserTurn
 from roundtable.graph.countoff import check_count_off
-from roundtable.graph.directives import classify
+from roundtable.graph.directives import FILLERS, classify
 from roundtable.graph.memory_select import select_memories
 
 ROSTER = (
@@ -173,3 +173,56 @@ def test_long_or_hostile_text_is_never_a_command() -> None:
     assert classify(snap("@nobody " * 4_000 + "@Bob")).kind is DirectiveKind.OPEN, (
         "only the first @-words are read"
     )
+
+
+# -- fillers: one table per language, the same coverage ------------------------------------
+
+_COMMANDS = {
+    DirectiveKind.STOP: ("stop", "停止"),
+    DirectiveKind.CONTINUE: ("continue", "继续"),
+    DirectiveKind.COUNT_OFF: ("count off", "报数"),
+}
+_EN = sorted({word for row in FILLERS for word in row[0]})
+_ZH = sorted({word for row in FILLERS for word in row[1]})
+
+
+def test_every_filler_meaning_has_both_languages() -> None:
+    for english, chinese in FILLERS:
+        assert english and chinese, f"{english or chinese} has no twin in the other language"
+
+
+_AROUND = (
+    ("{filler}, {command}!", "{filler} {command}", "{command}, {filler}"),
+    ("{filler}，{command}！", "{filler}{command}", "{command}，{filler}"),
+)
+"""How people write a filler around a command, in English and in Chinese."""
+
+
+@pytest.mark.parametrize("kind", list(_COMMANDS))
+@pytest.mark.parametrize(("language", "filler"), [*((0, w) for w in _EN), *((1, w) for w in _ZH)])
+def test_every_filler_around_every_directive(
+    kind: DirectiveKind, language: int, filler: str
+) -> None:
+    command = _COMMANDS[kind][language]
+    for form in _AROUND[language]:
+        text = form.format(filler=filler, command=command)
+        assert classify(snap(text)).kind is kind, text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["好，报数", "好了，报数！", "好的，报数吧", "那么，继续", "嗯，停止", "行，停"],
+)
+def test_chinese_fillers_from_the_field(text: str) -> None:
+    assert classify(snap(text)).kind in {
+        DirectiveKind.COUNT_OFF,
+        DirectiveKind.CONTINUE,
+        DirectiveKind.STOP,
+    }
+
+
+@pytest.mark.parametrize(
+    "text", ["also stop", "不要停止", "别报数", "bus stop schedule?", "okaystop", "不停"]
+)
+def test_a_filler_is_a_word_and_a_negation_is_no_filler(text: str) -> None:
+    assert classify(snap(text)).kind not in {DirectiveKind.STOP, DirectiveKind.COUNT_OFF}

@@ -12,7 +12,12 @@ import pytest
 from roundtable.api.convert import run_request_from_proto
 from roundtable.api.limits import RequestLimits
 from roundtable.domain.snapshot import Budgets
-from roundtable.graph.nodes.propose_memory import MemoryProposals, ProposedMemory, accept
+from roundtable.graph.nodes.propose_memory import (
+    MAX_PROPOSALS,
+    MemoryProposals,
+    ProposedMemory,
+    accept,
+)
 from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep
 from roundtable.runs.manager import checkpoint_thread
 from roundtable.v1 import events_pb2 as epb
@@ -410,3 +415,22 @@ def test_the_same_memory_proposed_twice_is_one_proposal_citing_both() -> None:
     ]
     (only,) = accept(twice, snapshot, replies, "r")  # type: ignore[arg-type]
     assert only.evidence_reply_ids == ("r#0", "r#1") and only.importance == 0.7
+
+
+def test_memory_proposals_are_bounded_so_their_event_fits_a_default_client() -> None:
+    snapshot = run_request_from_proto(
+        start_request("hi"), limits=RequestLimits(), defaults=Budgets()
+    ).snapshot
+    replies = [{"reply_id": "r#0", "member_id": "a", "content": "x", "failed": False}]
+    flood = [
+        ProposedMemory(
+            member_id="a",
+            action="create",
+            content=f"fact {i} " + "x" * 3990,
+            evidence_reply_ids=["r#0", "user"] * 50_000,
+        )
+        for i in range(1_000)
+    ]
+    kept = accept(flood, snapshot, replies, "r")  # type: ignore[arg-type]
+    assert len(kept) == MAX_PROPOSALS == 32
+    assert all(p.evidence_reply_ids == ("r#0", "user") for p in kept)

@@ -86,8 +86,11 @@ async def test_500_twice_then_200_succeeds_with_three_audit_lines(caplog) -> Non
         "latency_ms",
         "input_tokens",
         "output_tokens",
+        "usage_source",
         "error_code",
+        "error",
     }
+    assert (lines[0]["error"], lines[2]["usage_source"]) == ("HTTP 500", "reported")
     assert lines[2]["target"] == "llm:fake:primary" and lines[2]["input_tokens"] == 3
 
 

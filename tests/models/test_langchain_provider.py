@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from roundtable.domain.errors import ModelUnavailable
 from roundtable.domain.snapshot import ModelTarget
-from roundtable.models.base import ChatCall, ChatMessage
+from roundtable.models.base import CHARS_PER_TOKEN_BOUND, ChatCall, ChatMessage
 from roundtable.models.langchain_provider import LangChainProvider
 
 TARGET = ModelTarget(provider="scripted", model="m")
@@ -65,4 +67,27 @@ async def test_a_model_that_says_nothing_of_usage_or_reason() -> None:
     )
     result = await provider.complete(TARGET, CALL, api_key=None, on_text=None)
     assert (result.text, result.finish_reason) == ("ok", "stop")
-    assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 0)
+    # No usage reported: the output is counted, a streamed chunk as a token, and says so.
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 1)
+    assert result.usage.counted
+
+
+async def test_a_stream_past_its_budget_is_cut_at_the_tokens_or_the_characters() -> None:
+    many = [AIMessageChunk(content="w ") for _ in range(100)]
+    huge = [AIMessageChunk(content="x" * 100_000)]
+    call = ChatCall(messages=CALL.messages, max_tokens=4)
+    for chunks, text in ((many, "w " * 4), (huge, "x" * 4 * CHARS_PER_TOKEN_BOUND)):
+        provider = LangChainProvider("scripted", lambda _t, _k, c=chunks: Scripted(chunks=c))
+        result = await provider.complete(TARGET, call, api_key=None, on_text=None)
+        assert (result.text, result.finish_reason) == (text, "length")
+
+
+async def test_a_stream_without_its_finish_reason_is_a_retryable_failure() -> None:
+    provider = LangChainProvider(
+        "scripted",
+        lambda _t, _k: Scripted(chunks=[AIMessageChunk(content="half")]),
+        stream_ends_with_finish_reason=True,
+    )
+    with pytest.raises(ModelUnavailable) as caught:
+        await provider.complete(TARGET, CALL, api_key=None, on_text=None)
+    assert caught.value.retryable

@@ -220,7 +220,7 @@ async def test_invalid_json_mode_output_after_a_refusal_is_a_model_error_naming_
 
     assert not caught.value.retryable, "a model error, not unavailability"
     assert caught.value.detail == (
-        "json_object: answer is not JSON; the server refused the JSON schema (HTTP 500)"
+        "json_object: answer is not JSON; the server refused the JSON schema (HTTP 500 Internal Server Error)"
     )
 
 
@@ -258,7 +258,7 @@ async def test_http_errors_map_without_leaking_the_body(
     text = f"{caught.value!s} {caught.value!r} {caught.value.detail}"
     assert API_KEY not in text
     assert PROMPT not in text
-    assert str(status) in caught.value.detail
+    assert caught.value.detail.startswith(f"HTTP {status} ")  # with the standard phrase
     assert caught.value.__cause__ is None
     assert caught.value.__context__ is None, "the SDK's error holds the request, key included"
     assert len(server.requests) == 1, "the SDK must not retry; the harness does"
@@ -277,8 +277,26 @@ async def test_an_unreachable_server_is_unavailable() -> None:
     async with OpenAITestServer() as gone:
         pass  # Closed again: its port now refuses connections.
 
-    with pytest.raises(ModelUnavailable):
+    with pytest.raises(ModelUnavailable) as caught:
         await _complete(gone)
+    assert caught.value.detail == "connection refused (ECONNREFUSED)"
+
+
+async def test_a_connection_dropped_mid_answer_says_so(server: OpenAITestServer) -> None:
+    server.script(Reply(chunks=["The ", "capital "], reset_after=2))
+    with pytest.raises(ModelUnavailable) as caught:
+        await _complete(server)
+    assert caught.value.detail == "the server closed the connection mid-answer"
+    assert caught.value.retryable
+
+
+async def test_a_stream_cut_before_its_finish_reason_is_a_retryable_failure(
+    server: OpenAITestServer,
+) -> None:
+    server.script(Reply(chunks=["The ", "capital ", "is "], cut_after=3))
+    with pytest.raises(ModelUnavailable) as caught:
+        await _complete(server, on_text=[])
+    assert "cut off" in caught.value.detail and caught.value.retryable
 
 
 async def test_cancelling_the_task_aborts_the_http_stream(server: OpenAITestServer) -> None:
@@ -381,3 +399,36 @@ async def test_a_429_asking_for_too_long_a_wait_moves_on_to_the_fallback() -> No
         result = await _harness(max_retry_after_s=5.0).call(_request(limited, _target(fallback)))
     assert result.text == "from the fallback"
     assert len(limited.requests) == 1, "not retried against an hour's Retry-After"
+
+
+async def test_no_provider_header_url_or_prompt_reaches_the_log_at_debug(
+    server: OpenAITestServer,
+) -> None:
+    import io
+    import logging
+
+    from roundtable.telemetry import logs
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    stream = io.StringIO()
+    writer = logs.configure("DEBUG", stream)
+    try:
+        secret_query = "sig=q-9f8e7d6c"
+        target = ModelTarget(
+            provider="openai", model="qwen-test", base_url=f"{server.base_url}?{secret_query}"
+        )
+        provider = build_openai_provider(default_timeout_s=10.0)
+        # The query makes the test server answer 404: the request went out, and was logged.
+        with pytest.raises(ModelRejected):
+            await provider.complete(target, _call(), api_key=API_KEY, on_text=None)
+        logging.getLogger("roundtable.test").debug("a debug line of our own")
+    finally:
+        writer.stop()
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    # The test server's own access log (aiohttp) is not the sidecar's.
+    text = "\n".join(line for line in stream.getvalue().splitlines() if " aiohttp." not in line)
+    assert "a debug line of our own" in text  # DEBUG was on
+    for leak in (API_KEY, secret_query, "Bearer", PROMPT, server.base_url, "HTTP Request"):
+        assert leak not in text, f"{leak!r} reached the log"

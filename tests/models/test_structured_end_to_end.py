@@ -106,7 +106,7 @@ async def test_the_supervisor_plans_in_json_mode_and_a_bad_answer_falls_back_wit
     assert second.source == epb.PLAN_SOURCE_FALLBACK
     assert second.fallback_reason == (
         "supervisor_invalid_output: json_object: answer is not JSON; "
-        "the server refused the JSON schema (HTTP 500)"
+        "the server refused the JSON schema (HTTP 500 Internal Server Error)"
     )
     assert [f.member_id for f in finals(fallen)] == ["a"]
     assert formats(model_server) == [

@@ -150,14 +150,20 @@ async def test_merged_deltas_stay_under_the_cap_and_within_the_buffer() -> None:
 async def test_a_slow_reader_is_cut_off_and_loses_nothing_by_re_attaching(start_server) -> None:
     # Replies big enough to fill the transport's flow-control window, so the server-side
     # buffer is what fills while the reader sleeps.
+    # (Each reply is cut at the reply bound, 256K characters; the reader's channel keeps
+    # its window at HTTP/2's 64 KiB, without BDP probing, so six of them fill it.)
     big = ScriptedProvider(reply=lambda call, attempt: "word " * 400_000)
     roster = [member(m, m.upper(), model=model_ref("scripted", "big")) for m in "abcdef"]
     request = start_request(
-        "@all talk", members=roster, run_id="slow-1", options=pb.RunOptions(stream_deltas=False)
+        "@all talk",
+        members=roster,
+        run_id="slow-1",
+        options=pb.RunOptions(stream_deltas=False),
+        budgets=spb.Budgets(max_output_tokens=32_768),
     )
     async with (
         start_server(providers={"scripted": big}, stream_buffer_events=2) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
+        grpc.aio.insecure_channel(server.address, options=[("grpc.http2.bdp_probe", 0)]) as channel,
     ):
         stub = pb_grpc.OrchestratorServiceStub(channel)
         call = stub.StartRun(request)

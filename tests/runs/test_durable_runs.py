@@ -236,10 +236,11 @@ async def test_busy_thread_enqueue(stub) -> None:
     )
 
 
-async def test_stop_turn_stops_the_live_run_whatever_the_policy(stub) -> None:
+@pytest.mark.parametrize("words", ["停止", "好了，停止", "ok, stop"])
+async def test_stop_turn_stops_the_live_run_whatever_the_policy(stub, words: str) -> None:
     live = stub.StartRun(slow_request(run_id="st-1", thread_id="t-stop"))
     events = await read_until(live, is_started(1))
-    stop = await collect(stub.StartRun(slow_request("停止", run_id="st-2", thread_id="t-stop")))
+    stop = await collect(stub.StartRun(slow_request(words, run_id="st-2", thread_id="t-stop")))
     assert kinds(stop) == ["run_started", "plan_created", "run_completed"]
     events += await collect(live)
     assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "stop_directive"

@@ -44,8 +44,9 @@ async def test_the_log_is_copied_back_and_restarts_under_continuous_writes(
         await write(store, 1, 6000)
         # Without checkpoints the log holds every commit (6,000 events made it 58 MB). The
         # bound leaves room for checkpoints that lag on a loaded machine (their worker thread
-        # competes for the CPU: 13 MB seen with three busy processes beside the test).
-        assert size(wal) < 6000 * PAGE, "the log restarts instead of growing"
+        # competes for the CPU: 13 MB seen with three busy processes beside the test, 24.9 MB
+        # beside a C++ build on both cores): well under half of 58 MB is a log that restarts.
+        assert size(wal) < 8000 * PAGE, "the log restarts instead of growing"
         assert store.wal_checkpoints >= 5
         assert size(db) > 2 * 1024 * 1024, "the events reached the database file"
         events = await store.read_events("acme", "run-1", 0)

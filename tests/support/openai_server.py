@@ -21,10 +21,12 @@ without using a scripted step; JSON mode (`json_object`) and plain requests are 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +46,14 @@ class Reply:
     """Pause before each streamed chunk; default: the server's `token_delay_s`."""
     broken_after: int | None = None
     """Streamed: after this many chunks, one frame that is not JSON, and the end."""
+    cut_after: int | None = None
+    """Streamed: after this many chunks the response just ends (cleanly, as HTTP goes):
+    no finish_reason and no `[DONE]`, as when a server or proxy dies mid-answer."""
+    reset_after: int | None = None
+    """Streamed: after this many chunks the connection is dropped mid-body (no final
+    chunk of the chunked encoding), as when a server process is killed."""
+    reports_usage: bool = True
+    """False: the server sends no usage at all, even when the request asks for it."""
 
     def pieces(self) -> list[str]:
         return list(self.chunks) if self.chunks is not None else re.findall(r"\S+\s*", self.text)
@@ -164,9 +174,10 @@ class OpenAITestServer:
         await response.prepare(request)
         body = record.body
         delay = self.token_delay_s
-        deltas: list[dict[str, Any]]
+        deltas: Iterable[dict[str, Any]]
         if isinstance(step, Reply):
-            deltas = [{"content": piece} for piece in step.pieces()]
+            # Lazily: a scripted reply of megabytes is only built as far as it is read.
+            deltas = ({"content": piece} for piece in step.pieces())
             finish = step.finish_reason
             delay = step.token_delay_s if step.token_delay_s is not None else delay
         else:
@@ -175,23 +186,35 @@ class OpenAITestServer:
             call["function"]["arguments"] = ""
             # Arguments arrive in fragments, as real servers send them.
             fragments = [args[i : i + 8] for i in range(0, len(args), 8)]
-            deltas = [{"tool_calls": [{"index": 0, **call}]}]
-            deltas += [
-                {"tool_calls": [{"index": 0, "function": {"arguments": f}}]} for f in fragments
+            deltas = [
+                {"tool_calls": [{"index": 0, **call}]},
+                *({"tool_calls": [{"index": 0, "function": {"arguments": f}}]} for f in fragments),
             ]
             finish = "tool_calls"
-        frames = [_chunk(body, {"role": "assistant", "content": ""}, None)]
-        frames += [_chunk(body, delta, None) for delta in deltas]
-        frames.append(_chunk(body, {}, finish))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            frames.append({**_chunk(body, {}, None), "choices": [], "usage": _usage(body, step)})
-        broken_after = step.broken_after if isinstance(step, Reply) else None
+        reports_usage = step.reports_usage if isinstance(step, Reply) else True
+        usage = reports_usage and (body.get("stream_options") or {}).get("include_usage")
+        frames = itertools.chain(
+            [_chunk(body, {"role": "assistant", "content": ""}, None)],
+            (_chunk(body, delta, None) for delta in deltas),
+            [_chunk(body, {}, finish)],
+            [{**_chunk(body, {}, None), "choices": [], "usage": _usage(body, step)}]
+            if usage
+            else [],
+        )
+        reply = step if isinstance(step, Reply) else Reply()
         for frame in frames:
             if delay:
                 await asyncio.sleep(delay)
-            if broken_after is not None and record.chunks_sent == broken_after:
+            if record.chunks_sent == reply.broken_after:
                 await response.write(b'data: {"choices": [{"delta": {"content": "tru\n\n')
                 await response.write_eof()
+                return response
+            if record.chunks_sent == reply.cut_after:
+                await response.write_eof()
+                return response
+            if record.chunks_sent == reply.reset_after:
+                assert request.transport is not None
+                request.transport.abort()
                 return response
             await response.write(f"data: {json.dumps(frame)}\n\n".encode())
             record.chunks_sent += 1
@@ -227,7 +250,10 @@ def _completion(body: dict[str, Any], step: Reply | ToolCall) -> dict[str, Any]:
         message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(body, step)]}
         finish = "tool_calls"
     choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-    return {**_envelope(body, "chat.completion"), "choices": [choice], "usage": _usage(body, step)}
+    completion = {**_envelope(body, "chat.completion"), "choices": [choice]}
+    if not isinstance(step, Reply) or step.reports_usage:
+        completion["usage"] = _usage(body, step)
+    return completion
 
 
 def _envelope(body: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 A gateway proves who it is with a bearer token (`authorization: Bearer <token>`) or, under
 mutual TLS, with its client certificate, whose common name the settings map to tenants.
-Either identity is a `Caller` holding the tenants it may act for ("*": any). The
-`AuthInterceptor` turns away calls without accepted credentials on every service but
-health; the servicer asks the `Authenticator` whether the caller may act for the tenant a
+Either identity is a `Caller` holding the tenants it may act for ("*": any). The edge
+(`api.edge.EdgeInterceptor`) turns away calls without accepted credentials on every service
+but health, before their request is read; the servicer asks the `Authenticator` whether the caller may act for the tenant a
 request names.
 
 Tokens are kept only as SHA-256 digests and compared with `hmac.compare_digest` against
@@ -19,14 +19,12 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 
-from roundtable.api.errors import to_grpc_status
 from roundtable.domain.errors import InvalidSettings, RunNotFound, TenantForbidden, Unauthenticated
 from roundtable.settings import Settings
 
@@ -280,65 +278,3 @@ class Authenticator:
         """
         if not self.caller(context).may_act_for(tenant):
             raise RunNotFound(run_id)
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Rejects calls without accepted credentials with UNAUTHENTICATED (health excepted)."""
-
-    def __init__(self, auth: Authenticator) -> None:
-        """Guards every method but grpc.health.v1.Health's with `auth`."""
-        self._auth = auth
-
-    async def intercept_service(
-        self, continuation: Any, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        """Wraps the method's handler so that it authenticates the caller first."""
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or method.startswith(HEALTH_METHODS):
-            return handler
-        return _guarded(handler, method, self._auth)
-
-
-def _guarded(handler: Any, method: str, auth: Authenticator) -> Any:
-    """The same handler, authenticating the caller (with the servicer context) before it runs."""
-
-    async def admit(context: Any) -> None:
-        try:
-            auth.caller(context)
-        except Unauthenticated as exc:
-            log.info("rejected a call to %s: %s", method, exc)
-            await context.abort_with_status(to_grpc_status(exc))
-
-    if handler.response_streaming:
-        inner = handler.stream_stream if handler.request_streaming else handler.unary_stream
-
-        async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
-            await admit(context)
-            async for response in inner(request, context):
-                yield response
-
-        factory = (
-            grpc.stream_stream_rpc_method_handler
-            if handler.request_streaming
-            else grpc.unary_stream_rpc_method_handler
-        )
-        behavior: Any = streaming
-    else:
-        inner = handler.stream_unary if handler.request_streaming else handler.unary_unary
-
-        async def unary(request: Any, context: Any) -> Any:
-            await admit(context)
-            return await inner(request, context)
-
-        factory = (
-            grpc.stream_unary_rpc_method_handler
-            if handler.request_streaming
-            else grpc.unary_unary_rpc_method_handler
-        )
-        behavior = unary
-    return factory(
-        behavior,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )

@@ -344,6 +344,7 @@ def event_to_proto(run_id: str, seq: int, emitted_at: float, event: ev.Event) ->
             f.usage.CopyFrom(_usage(event.usage))
             f.finish_reason = _FINISH[event.finish_reason]
             f.attempts = event.attempts
+            f.output_tokens_counted = event.usage.counted
         case ev.SpeakerFailed():
             e = out.speaker_failed
             e.reply_id, e.member_id, e.step, e.code, e.message, e.attempts = (

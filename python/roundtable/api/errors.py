@@ -12,13 +12,16 @@ from roundtable.domain.errors import (
     InvalidRequest,
     RoundtableError,
     RunAlreadyExists,
+    RunContinued,
     RunNotFound,
     RunOrphaned,
     StreamGap,
     StreamOverflow,
     TenantForbidden,
     ThreadBusy,
+    TooManyCalls,
     TooManyRuns,
+    TooManyStreams,
     Unauthenticated,
 )
 
@@ -28,13 +31,27 @@ STATUS_OF: dict[type[RoundtableError], grpc.StatusCode] = {
     RunNotFound: grpc.StatusCode.NOT_FOUND,
     ThreadBusy: grpc.StatusCode.FAILED_PRECONDITION,
     StreamGap: grpc.StatusCode.FAILED_PRECONDITION,
+    RunContinued: grpc.StatusCode.FAILED_PRECONDITION,
     TooManyRuns: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooManyCalls: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TooManyStreams: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Draining: grpc.StatusCode.UNAVAILABLE,
     RunOrphaned: grpc.StatusCode.UNAVAILABLE,
     StreamOverflow: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     TenantForbidden: grpc.StatusCode.PERMISSION_DENIED,
 }
+
+
+RETRY_AFTER_S: dict[type[RoundtableError], int] = {
+    TooManyRuns: 1,
+    TooManyCalls: 1,
+    TooManyStreams: 1,
+    # Nothing to wait for: re-attach at once with StreamRun(after_seq).
+    StreamOverflow: 0,
+}
+"""The RESOURCE_EXHAUSTED errors worth retrying, and the google.rpc.RetryInfo delay each
+carries: one without a RetryInfo (the transport's size limit) is not worth retrying."""
 
 
 def status_code_of(error: RoundtableError) -> grpc.StatusCode:
@@ -73,10 +90,10 @@ def to_grpc_status(error: RoundtableError) -> grpc.Status:
     details: list[any_pb2.Any] = []
     if isinstance(error, InvalidRequest):
         details.append(_pack(bad_request(error)))
-    if isinstance(error, TooManyRuns):
-        details.append(
-            _pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))
-        )
+    retry_after_s = RETRY_AFTER_S.get(type(error))
+    if retry_after_s is not None:
+        delay = duration_pb2.Duration(seconds=retry_after_s)
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     status = status_pb2.Status(
         code=getattr(code_pb2, code.name), message=str(error), details=details
     )

@@ -19,7 +19,7 @@ from roundtable.api import convert
 from roundtable.api.auth import Authenticator
 from roundtable.api.errors import to_grpc_status
 from roundtable.api.limits import RequestLimits
-from roundtable.api.validation import validate_run_ids, validate_start_run
+from roundtable.api.validation import validate_cancel, validate_run_ids, validate_start_run
 from roundtable.api.wire import ReceivedStartRun
 from roundtable.domain.errors import InvalidRequest, RoundtableError
 from roundtable.domain.snapshot import Budgets, DisconnectPolicy
@@ -210,9 +210,7 @@ class OrchestratorServicer:
         self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelRunResponse:
         """Asks a run to stop; says so when it had already ended."""
-        violations = validate_run_ids(request.run_id, request.tenant, self.limits)
-        if len(request.reason) > 256:
-            violations.append(InvalidRequest.violation("reason", "must be at most 256 characters"))
+        violations = validate_cancel(request, self.limits)
         if violations:
             await _abort(context, InvalidRequest(violations))
         _mark_span(request.tenant, request.run_id, "CancelRun")

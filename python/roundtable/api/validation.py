@@ -72,6 +72,25 @@ def validate_run_ids(run_id: str, tenant: str, limits: RequestLimits) -> list[Fi
     return c.violations
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+"""Control characters (tab and newline allowed): a NUL cannot even be stored in Postgres."""
+MAX_CANCEL_REASON_CHARS = 256
+
+
+def validate_cancel(request: pb.CancelRunRequest, limits: RequestLimits) -> list[FieldViolation]:
+    """Validates a CancelRunRequest the same way whichever store or replica serves it."""
+    c = _Collector(limits)
+    c.identifier("run_id", request.run_id)
+    c.identifier("tenant", request.tenant)
+    if request.mode not in pb.CancelMode.values():
+        c.add("mode", f"unknown CancelMode value {request.mode}")
+    if len(request.reason) > MAX_CANCEL_REASON_CHARS:
+        c.add("reason", f"must be at most {MAX_CANCEL_REASON_CHARS} characters")
+    if _CONTROL.search(request.reason):
+        c.add("reason", "must not contain control characters")
+    return c.violations
+
+
 def validate_start_run(
     request: pb.StartRunRequest,
     *,

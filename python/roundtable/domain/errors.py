@@ -46,6 +46,15 @@ class InvalidRequest(RoundtableError):
         return FieldViolation(field, description)
 
 
+class UndecodableRequest(InvalidRequest):
+    """The request's bytes are not its protobuf message (INVALID_ARGUMENT, no field named)."""
+
+    def __init__(self, method: str, why: str) -> None:
+        self.violations = (FieldViolation("", f"{method}: {why}"),)
+        # Its message says what happened, not "1 bad field(s)": no field can be named.
+        RoundtableError.__init__(self, f"{method}: {why}")
+
+
 class RunAlreadyExists(RoundtableError):
     """The run id is known with a different snapshot."""
 
@@ -78,6 +87,13 @@ class RunOrphaned(RoundtableError):
     retryable = True
 
 
+class RunContinued(RoundtableError):
+    """The run's last execution stopped before its end and a later run continued it: its
+    log has no terminal event, and never will (the continuing run answers for it)."""
+
+    message = "the run stopped before its end and was continued by another run"
+
+
 class StreamOverflow(RoundtableError):
     """A stream's reader fell too far behind; the run goes on."""
 
@@ -89,6 +105,20 @@ class TooManyRuns(RoundtableError):
     """The server is at its limit of concurrent runs."""
 
     message = "too many concurrent runs"
+    retryable = True
+
+
+class TooManyCalls(RoundtableError):
+    """A caller has as many calls in flight as one caller may; retry after some end."""
+
+    message = "too many calls in flight for this caller"
+    retryable = True
+
+
+class TooManyStreams(RoundtableError):
+    """A run has as many streams attached as one run may; retry after some end."""
+
+    message = "too many streams attached to this run"
     retryable = True
 
 

@@ -34,11 +34,21 @@ class TokenUsage:
 
     input_tokens: int = 0
     output_tokens: int = 0
+    counted: bool = False
+    """True when the server reported no usage for (some of) these calls and the output
+    tokens were counted by Roundtable instead, one streamed chunk as one token."""
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
         return TokenUsage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.counted or other.counted,
         )
+
+    @property
+    def source(self) -> str:
+        """`counted` or `reported`: how the output tokens are known (audit records say it)."""
+        return "counted" if self.counted else "reported"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

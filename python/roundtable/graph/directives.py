@@ -17,9 +17,37 @@ from roundtable.domain.snapshot import Member, SessionKind, Snapshot
 
 # A directive must stand alone as the user's instruction, not be buried in a sentence
 # about something else: "stop" but not "bus stop schedule?", "报数" but not "what does 报数
-# mean?" or "a discount off the list price". Punctuation, @mentions before it and polite
-# words around it are fine ("大家报数！", "请大家报数", "@all count off, please").
-_POLITE = r"(?:please|pls|now|ok|okay|everyone|everybody|all|guys|大家|请|现在|一下|吧|们)"
+# mean?" or "a discount off the list price". Punctuation, @mentions before it and the words
+# people put around a command are fine ("大家报数！", "好了，停止", "ok, count off, please").
+
+FILLERS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    # (English, Chinese): one row per meaning, so that each language accepts what the other does.
+    (("ok", "okay", "k"), ("好", "好的", "好吧", "可以")),
+    (("alright", "all right", "right"), ("好了", "行了", "对")),
+    (("fine", "sure"), ("行", "没问题")),
+    (("so", "then"), ("那", "那就", "然后")),
+    (("well",), ("那么",)),
+    (("um", "uh", "hmm", "oh"), ("嗯", "呃", "哦", "噢")),
+    (("yes", "yeah", "yep"), ("是", "是的", "对的")),
+    (("hey",), ("喂", "嘿")),
+    (("now", "right now"), ("现在", "马上")),
+    (("please", "pls", "kindly"), ("请", "麻烦", "劳驾")),
+    (("everyone", "everybody", "all", "guys", "folks"), ("大家", "各位", "所有人", "们", "都")),
+    (("just",), ("就",)),
+    (("quickly",), ("一下", "吧", "啦", "呀")),
+)
+"""Words around a directive that leave it a directive: fillers, politeness, whom it is
+for. English words stand as words (no "also" for "so"); Chinese ones need no spaces."""
+
+
+def _filler_pattern() -> str:
+    english = sorted({w for row in FILLERS for w in row[0]}, key=len, reverse=True)
+    chinese = sorted({w for row in FILLERS for w in row[1]}, key=len, reverse=True)
+    words = "|".join(re.escape(w).replace(r"\ ", r"\s+") + r"\b" for w in english)
+    return rf"(?:{words}|{'|'.join(map(re.escape, chinese))})"
+
+
+_POLITE = _filler_pattern()
 _EDGE = r"[\s,.!?;:~，。！？；：、…]*"
 
 

@@ -10,6 +10,7 @@ a subgraph would add a few milliseconds and several checkpoint writes per speake
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -30,8 +31,10 @@ from roundtable.graph.memory_select import select_memories
 from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
 from roundtable.harness.request import CallMeta, ModelRequest
-from roundtable.models.base import ChatCall, ChatMessage
+from roundtable.models.base import ChatCall, ChatMessage, ChatResult, reply_char_bound
 from roundtable.telemetry.attributes import run_correlation
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,17 @@ async def _speak(
                 # still gets its number (the contract's replacement), not a failure.
                 content, finish, model = str(step.count_off_number), FinishReason.REPLACED, ""
                 break
+            # The error's text is ours (a status, "connection refused"), never the
+            # provider's message or the prompt: safe for the event and the log alike.
+            log.warning(
+                "speaker %s failed (run %s, reply %s, %d attempt(s)): %s %s",
+                member.member_id,
+                ctx.request.context.run_id,
+                step.reply_id,
+                model_attempts,
+                exc.code,
+                exc,
+            )
             await ctx.sink.emit(
                 SpeakerFailed(
                     reply_id=step.reply_id,
@@ -155,8 +169,7 @@ async def _speak(
         model_attempts += result.attempts
         answered_by = result.model
         usage = usage + result.usage
-        content = result.text.strip()
-        finish = FinishReason.LENGTH if result.finish_reason == "length" else FinishReason.STOP
+        content, finish = bounded_reply(result, step.token_budget)
         if step.count_off_number:
             problem = check_count_off(content, step.count_off_number)
             if problem and attempt < tries:
@@ -191,6 +204,19 @@ async def _speak(
         )
     )
     return SpeakerOutcome(_reply(step, content, failed=False), usage)
+
+
+def bounded_reply(result: ChatResult, max_tokens: int) -> tuple[str, FinishReason]:
+    """A model's answer as the reply it becomes, within the reply's character bound.
+
+    The providers stop reading at the bound already; this holds it for any provider, so
+    no final the server commits can outgrow what a default gRPC client accepts.
+    """
+    content = result.text.strip()
+    bound = reply_char_bound(max_tokens)
+    if len(content) > bound:
+        return content[:bound], FinishReason.LENGTH
+    return content, FinishReason.LENGTH if result.finish_reason == "length" else FinishReason.STOP
 
 
 def _reply(step: PlanStep, content: str, *, failed: bool) -> ReplyDict:

@@ -34,7 +34,13 @@ class AuditRecord:
     latency_ms: float
     input_tokens: int = 0
     output_tokens: int = 0
+    usage_source: str = ""
+    """How the tokens are known, on a success: `reported` by the server, or `counted` by
+    Roundtable from the streamed chunks (one chunk as one token) when it reported none."""
     error_code: str = ""
+    error: str = ""
+    """Why the attempt failed, in Roundtable's own words ("HTTP 503 Service Unavailable",
+    "connection refused (ECONNREFUSED)"): never the provider's message or body."""
 
     @classmethod
     def of(
@@ -45,10 +51,12 @@ class AuditRecord:
         *,
         usage: TokenUsage | None = None,
         error_code: str = "",
+        error: str = "",
     ) -> AuditRecord:
         """Builds the record of an attempt that started at `started` (perf_counter)."""
         target = request.resolved_target
         meta = request.meta
+        source = usage.source if usage is not None else ""
         usage = usage or TokenUsage()
         return cls(
             thread_id=meta.thread_id,
@@ -63,7 +71,9 @@ class AuditRecord:
             latency_ms=round((time.perf_counter() - started) * 1000, 3),
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
+            usage_source=source,
             error_code=error_code,
+            error=error,
         )
 
 

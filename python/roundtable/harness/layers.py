@@ -48,11 +48,10 @@ class AuditLayer:
         started = time.perf_counter()
         try:
             result = await self.next(request)
-        except ModelTimeout:
-            self.auditor.record(AuditRecord.of(request, "timeout", started))
-            raise
         except ModelError as exc:
-            self.auditor.record(AuditRecord.of(request, "error", started, error_code=exc.code))
+            status = "timeout" if isinstance(exc, ModelTimeout) else "error"
+            record = AuditRecord.of(request, status, started, error_code=exc.code, error=exc.detail)
+            self.auditor.record(record)
             raise
         except asyncio.CancelledError:
             # The run was stopped (CancelRun, its deadline) mid-attempt: the model was

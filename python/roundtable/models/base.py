@@ -26,6 +26,25 @@ class ChatMessage:
     content: str
 
 
+CHARS_PER_TOKEN_BOUND = 64
+"""A generous bound on one token's characters: tokenizers' longest pieces (runs of
+spaces, code indentation) stay below it, so a reply within its token budget never
+reaches its character bound."""
+
+MAX_REPLY_CHARS = 262_144
+"""No reply holds more characters, whatever its budget: at most 4 bytes each in UTF-8,
+a reply's final stays within 1 MiB, well inside the 4 MiB a default gRPC client accepts
+(so a gateway can always replay the run)."""
+
+
+def reply_char_bound(max_tokens: int) -> int:
+    """The most characters a reply of `max_tokens` output tokens may have (0: no token
+    budget, only the absolute bound)."""
+    if max_tokens <= 0:
+        return MAX_REPLY_CHARS
+    return min(max_tokens * CHARS_PER_TOKEN_BOUND, MAX_REPLY_CHARS)
+
+
 TextSink = Callable[[str], None]
 """Receives streamed text chunks as the model produces them."""
 

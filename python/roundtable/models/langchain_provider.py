@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,7 +20,14 @@ from langchain_core.messages import (
 from roundtable.domain.errors import InvalidModelOutput, ModelError, ModelRejected, ModelUnavailable
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
-from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ModelFactory, TextSink
+from roundtable.models.base import (
+    ChatCall,
+    ChatMessage,
+    ChatResult,
+    ModelFactory,
+    TextSink,
+    reply_char_bound,
+)
 from roundtable.models.structured import (
     SchemaRefusals,
     StructuredForm,
@@ -57,6 +65,56 @@ def _usage(message: AIMessage | AIMessageChunk | None) -> TokenUsage:
     return TokenUsage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
 
 
+STOP_GRACE_CHUNKS = 256
+"""Chunks a stream may still deliver after its budget is spent (already buffered when the
+stop landed) before it is left without waiting for the stop."""
+
+
+class OutputBudget:
+    """A streamed reply's output budget: its call's `max_tokens`, counted by streamed
+    chunks (one chunk is one token, as OpenAI-compatible servers stream them), and its
+    character bound (`reply_char_bound`).
+
+    The provider stops reading once the budget is spent, so a server that ignores
+    `max_tokens` (or streams megabytes in one chunk) cannot make a reply unbounded.
+    """
+
+    __slots__ = ("chars_left", "chunks", "max_tokens", "overrun", "spent")
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.chars_left = reply_char_bound(max_tokens)
+        self.chunks = 0
+        """Chunks with text taken so far: the reply's output tokens when the server
+        reports none."""
+        self.spent = False
+        self.overrun = 0
+        """Chunks read after the budget was spent, before the stream stopped."""
+
+    def take(self, text: str) -> str:
+        """The part of a streamed chunk the budget admits ("" once spent)."""
+        if self.max_tokens > 0 and self.chunks >= self.max_tokens:
+            self.spent = True
+            return ""
+        if len(text) > self.chars_left:
+            text = text[: self.chars_left]
+            self.spent = True
+        self.chunks += 1
+        self.chars_left -= len(text)
+        return text
+
+
+def _stop_now(stop: asyncio.Timeout) -> None:
+    """Ends a stream whose budget is spent by expiring its `stop` scope at once.
+
+    A cancellation, not a `break`: it lands where the stream waits for bytes, so every
+    generator of LangChain's and the SDK's stream unwinds and the HTTP response closes
+    now, and the server stops generating. Leaving the loop would close only the
+    outermost generator, and the connection whenever the garbage collector got to it.
+    """
+    stop.reschedule(asyncio.get_running_loop().time())
+
+
 class LangChainProvider:
     """A `ChatProvider` over LangChain chat models built by a factory.
 
@@ -73,7 +131,20 @@ class LangChainProvider:
         map_error: ErrorMapper | None = None,
         structured_method: StructuredMethod = "function_calling",
         cache_size: int = 128,
+        stream_ends_with_finish_reason: bool = False,
     ) -> None:
+        """Builds the provider.
+
+        Args:
+            name: The provider's name (`ModelTarget.provider`).
+            factory: Builds the chat model of a target and key.
+            map_error: Maps the model's exceptions onto `ModelError`s.
+            structured_method: How `with_structured_output` asks for structured output.
+            cache_size: Chat models kept (one per target and key).
+            stream_ends_with_finish_reason: The model's streams end with a chunk naming a
+                finish reason (OpenAI's do): a stream without one was cut off, and fails
+                as `ModelUnavailable` (retryable) instead of passing as a whole reply.
+        """
         self.name = name
         self._factory = factory
         self._map_error = map_error or (lambda _exc: None)
@@ -81,6 +152,7 @@ class LangChainProvider:
         self._refusals = SchemaRefusals()
         self._cache: OrderedDict[tuple[ModelTarget, str | None], BaseChatModel] = OrderedDict()
         self._cache_size = cache_size
+        self._stream_ends_with_finish_reason = stream_ends_with_finish_reason
 
     def model_for(self, target: ModelTarget, api_key: str | None) -> BaseChatModel:
         """Returns the (cached) chat model for a target and key."""
@@ -136,24 +208,53 @@ class LangChainProvider:
         name: str,
     ) -> ChatResult:
         parts: list[str] = []
-        usage = TokenUsage()
-        finish_reason = "stop"
+        usage: TokenUsage | None = None
+        finish_reason = ""
+        budget = OutputBudget(int(kwargs.get("max_tokens") or 0))
         # Per chunk, only what the chunk carries: most chunks are a bare string of text,
         # and usage or a finish reason come once, near the end. (`.text`, and adding an
         # empty usage, cost ≈3 µs a chunk, a tenth of LangChain's own per-chunk cost.)
-        async for chunk in model.astream(messages, **kwargs):
-            content = chunk.content
-            text = content if type(content) is str else str(chunk.text)
-            if text:
-                parts.append(text)
-                if on_text is not None:
-                    on_text(text)
-            if chunk.usage_metadata:
-                usage = usage + _usage(chunk)
-            if chunk.response_metadata:
-                reason = chunk.response_metadata.get("finish_reason")
-                if reason:
-                    finish_reason = str(reason)
+        stop = asyncio.timeout(None)
+        try:
+            async with stop:
+                async for chunk in model.astream(messages, **kwargs):
+                    if budget.spent:
+                        # The stop is on its way; nothing more joins the reply. A model
+                        # whose stream swallows the cancellation is left by `break`.
+                        budget.overrun += 1
+                        if budget.overrun > STOP_GRACE_CHUNKS:
+                            break
+                        continue
+                    content = chunk.content
+                    text = content if type(content) is str else str(chunk.text)
+                    if text:
+                        text = budget.take(text)
+                        if text:
+                            parts.append(text)
+                            if on_text is not None:
+                                on_text(text)
+                        if budget.spent:
+                            _stop_now(stop)
+                            continue
+                    if chunk.usage_metadata:
+                        usage = _usage(chunk) if usage is None else usage + _usage(chunk)
+                    if chunk.response_metadata:
+                        reason = chunk.response_metadata.get("finish_reason")
+                        if reason:
+                            finish_reason = str(reason)
+        except TimeoutError:
+            if not stop.expired():
+                raise  # not our stop: an outer deadline
+        if budget.spent:
+            finish_reason = "length"
+        if not finish_reason:
+            if self._stream_ends_with_finish_reason:
+                # The connection closed before the stream's end (its finish reason; the
+                # SDK hides the `[DONE]` after it): a malformed stream, not a whole reply.
+                raise ModelUnavailable("stream ended before its finish_reason (cut off)")
+            finish_reason = "stop"
+        if usage is None:
+            usage = TokenUsage(output_tokens=budget.chunks, counted=True)
         return ChatResult(text="".join(parts), usage=usage, finish_reason=finish_reason, model=name)
 
     async def _structured(

@@ -15,8 +15,12 @@ Two rules shape the client we build:
 
 from __future__ import annotations
 
+import errno
 import json
-from collections.abc import Mapping
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from http import HTTPStatus
 
 import openai
 from langchain_core.language_models import BaseChatModel
@@ -60,19 +64,20 @@ def map_openai_error(exc: BaseException) -> ModelError | None:
     if isinstance(exc, openai.APITimeoutError):
         return ModelTimeout(type(exc).__name__)
     if isinstance(exc, StreamChunkTimeoutError):
-        # langchain-openai's own guard against a stream that stays open but goes silent.
+        # langchain-openai's own guard against a stream that goes silent (off in the
+        # models built here; kept for a model built with it on).
         return ModelTimeout("no stream chunk within the chunk timeout")
     if isinstance(exc, openai.APIConnectionError):
-        return ModelUnavailable(type(exc).__name__)
+        return ModelUnavailable(connection_cause(exc))
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         if status == 429:
-            limited = ModelRateLimited(f"HTTP {status}")
+            limited = ModelRateLimited(http_status(status))
             limited.retry_after_s = retry_after_s(exc.response.headers)
             return limited
         if status >= 500:
-            return ModelUnavailable(f"HTTP {status}")
-        return ModelRejected(f"HTTP {status}")
+            return ModelUnavailable(http_status(status))
+        return ModelRejected(http_status(status))
     if isinstance(exc, json.JSONDecodeError):
         # A stream frame that is not JSON (the SDK parses each SSE event itself): the
         # server broke mid-answer; another attempt may get a whole one.
@@ -82,6 +87,60 @@ def map_openai_error(exc: BaseException) -> ModelError | None:
         # parse. Either way the server failed mid-answer, so another attempt may succeed.
         return ModelUnavailable(type(exc).__name__)
     return None
+
+
+def http_status(status: int) -> str:
+    """`HTTP 503 Service Unavailable`: the code and its standard phrase (ours, never the
+    server's reason text or body)."""
+    try:
+        return f"HTTP {status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
+
+
+# What broke a connection, by the class of an exception in the SDK's chain (httpx and
+# httpcore, in whichever fork the SDK uses). Their messages are not used: they name
+# hosts, ports and sometimes URLs, whose query may hold a key.
+_TRANSPORT_CAUSES = {
+    "RemoteProtocolError": "the server closed the connection mid-answer",
+    "ReadError": "the connection failed while reading the answer",
+    "WriteError": "the connection failed while sending the request",
+    "ConnectTimeout": "connecting timed out",
+    "ReadTimeout": "no answer within the read timeout",
+    "ProxyError": "the proxy refused the connection",
+    "UnsupportedProtocol": "the base URL's scheme is not http or https",
+    "LocalProtocolError": "the request could not be sent",
+    "ConnectError": "could not connect",
+}
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and its causes, outermost first (bounded, in case of a cycle)."""
+    current: BaseException | None = exc
+    for _ in range(16):
+        if current is None:
+            return
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def connection_cause(exc: BaseException) -> str:
+    """Why a model server could not be reached, in words an operator acts on:
+    "connection refused (ECONNREFUSED)", "host name not resolved", "the server closed
+    the connection mid-answer". Made of OS error names and our own phrases only: no
+    message text from the exception chain (it names hosts and URLs)."""
+    chain = list(_chain(exc))
+    for link in chain:
+        if isinstance(link, socket.gaierror):
+            return "host name not resolved"
+        code = link.errno if isinstance(link, OSError) else None
+        if code is not None and code in errno.errorcode:
+            return f"{os.strerror(code).lower()} ({errno.errorcode[code]})"
+    for link in reversed(chain):
+        cause = _TRANSPORT_CAUSES.get(type(link).__name__)
+        if cause is not None:
+            return cause
+    return type(chain[-1]).__name__
 
 
 def retry_after_s(headers: Mapping[str, str]) -> float | None:
@@ -132,10 +191,19 @@ def build_openai_provider(
             # ChatOpenAI leaves streamed usage off for any custom base_url, but budgets need
             # the counts; vLLM and recent Ollama and llama.cpp honour it.
             stream_usage=True,
+            # Off (0): its per-chunk guard wraps every read in `asyncio.wait_for`, which
+            # on Python 3.11 swallows a cancellation that meets a chunk already read, so
+            # neither a CancelRun nor the end of a spent budget could stop the stream.
+            # The harness's per-attempt deadline bounds a stream gone silent instead.
+            stream_chunk_timeout=0,
         )
 
     # Structured output as a JSON response format, not a forced tool call: the forms real
     # servers accept differ, and models/structured.py picks one per target.
     return LangChainProvider(
-        PROVIDER_NAME, factory, map_error=map_openai_error, structured_method="json"
+        PROVIDER_NAME,
+        factory,
+        map_error=map_openai_error,
+        stream_ends_with_finish_reason=True,
+        structured_method="json",
     )

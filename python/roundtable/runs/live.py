@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from roundtable.domain.errors import RoundtableError, RunOrphaned, StreamOverflow
+from roundtable.domain.errors import RoundtableError, RunOrphaned, StreamOverflow, TooManyStreams
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
 from roundtable.runs.progress import Progress
@@ -183,6 +183,8 @@ class LiveRun:
     """Whether this execution published its terminal event."""
     buffer: int = 0
     """Events buffered per stream (0: unbounded)."""
+    max_streams: int = 0
+    """Streams attached at once (0: unbounded)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -198,7 +200,11 @@ class LiveRun:
         """A stream of the durable events after `after_seq`, then the live ones.
 
         `head` holds events read from the log that precede what is in memory.
+
+        Raises:
+            TooManyStreams: `max_streams` streams already follow the run.
         """
+        self.check_room()
         since = head[-1].seq if head else after_seq
         backlog = [*head, *(e for e in self.backlog if e.seq > since)]
         sub = Subscription(backlog, ended=self.done.is_set(), buffer=self.buffer)
@@ -207,6 +213,13 @@ class LiveRun:
         if not self.done.is_set():
             self.subscribers.add(sub)
         return sub
+
+    def check_room(self) -> None:
+        """Raises TooManyStreams when one more stream would pass `max_streams`."""
+        if self.max_streams and len(self.subscribers) >= self.max_streams:
+            raise TooManyStreams(
+                f"run {self.record.run_id!r} has {len(self.subscribers)} streams attached"
+            )
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Stops feeding a stream (its client went away)."""

@@ -27,6 +27,7 @@ from roundtable.domain.errors import (
     Draining,
     RoundtableError,
     RunAlreadyExists,
+    RunContinued,
     RunNotFound,
     RunOrphaned,
     StreamGap,
@@ -149,6 +150,34 @@ class RunLimits:
     """Runs of one tenant executing at once."""
     stream_buffer: int = 1_024
     """Events buffered per stream (see `live.Subscription`)."""
+    max_streams_per_run: int = 64
+    """Streams attached to one live run at once (a follower costs ≈60 KB)."""
+
+
+def _is_terminal(event: epb.RunEvent) -> bool:
+    return event.WhichOneof("payload") in TERMINAL_KINDS
+
+
+def _stored_stream(
+    record: RunRecord, events: list[epb.RunEvent], *, log_ends: bool | None = None
+) -> Subscription:
+    """A stream of a run no process executes: its stored events, then its end.
+
+    A log whose last execution died before its terminal event (a crash or kill, then a
+    restart that marked it interrupted, or a lease that ran out) does not end OK, which a
+    gateway would take for the run's end: it ends UNAVAILABLE (RunOrphaned: send the same
+    StartRun, which resumes it), or FAILED_PRECONDITION (RunContinued) once a later run has
+    continued it.
+    """
+    sub = Subscription(events, ended=True)
+    if log_ends is None:
+        log_ends = bool(events) and _is_terminal(events[-1])
+    if not log_ends:
+        if record.status is RunStatus.CONTINUED:
+            sub.error = RunContinued(f"run {record.run_id!r} by run {record.continued_by!r}")
+        else:
+            sub.error = RunOrphaned(record.run_id)
+    return sub
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,7 +359,12 @@ class RunManager:
                 record.last_seq = prior_events[-1].seq if prior_events else 0
                 record.status = RunStatus.RUNNING
                 await self.store.update_run(record)
-            live = LiveRun(request=request, record=record, buffer=self.limits.stream_buffer)
+            live = LiveRun(
+                request=request,
+                record=record,
+                buffer=self.limits.stream_buffer,
+                max_streams=self.limits.max_streams_per_run,
+            )
             self._per_tenant[ctx.tenant] += 1
             for event in prior_events:
                 live.progress.observe(event)
@@ -497,7 +531,7 @@ class RunManager:
 
     async def _replay(self, record: RunRecord) -> Subscription:
         events = await self.store.read_events(record.tenant, record.run_id, 0)
-        return Subscription([epb.RunEvent.FromString(e.body) for e in events], ended=True)
+        return _stored_stream(record, [epb.RunEvent.FromString(e.body) for e in events])
 
     # -- executing --------------------------------------------------------------------------
 
@@ -868,11 +902,13 @@ class RunManager:
             # Never skip silently: a gap means the log lost events the caller has not seen.
             raise StreamGap(f"the event log of run {run_id!r} is missing events")
         events = [epb.RunEvent.FromString(e.body) for e in stored if e.seq > after_seq]
-        return Subscription(events, ended=True)
+        ends = bool(stored) and _is_terminal(epb.RunEvent.FromString(stored[-1].body))
+        return _stored_stream(record, events, log_ends=ends)
 
     async def _subscribe(self, live: LiveRun, *, after_seq: int) -> Subscription:
         """A stream of a run this process executes: durable events after `after_seq`, then
         the live ones."""
+        live.check_room()  # before reading the log for it
         first_in_memory = live.backlog[0].seq if live.backlog else live.record.last_seq + 1
         head: list[epb.RunEvent] = []
         if after_seq + 1 < first_in_memory:

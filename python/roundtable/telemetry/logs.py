@@ -23,8 +23,25 @@ from typing import TextIO
 
 _STOP = None
 
-QUIET = ("openai", "httpx", "httpcore", "langchain", "langchain_core", "langgraph", "aiosqlite")
-"""Client libraries log request bodies (prompts) at DEBUG: kept quiet whatever our level."""
+QUIET = (
+    "openai",
+    "httpx",
+    "httpcore",
+    # The openai SDK's own forks of httpx and httpcore: URLs (with their query) at INFO,
+    # headers at DEBUG.
+    "httpx2",
+    "httpcore2",
+    "urllib3",
+    "langchain",
+    "langchain_core",
+    "langchain_openai",
+    "langgraph",
+    "aiosqlite",
+    "psycopg",
+    "mcp",
+)
+"""Client libraries log URLs, headers and request bodies (prompts, keys) at INFO or DEBUG:
+kept at WARNING whatever our level."""
 
 
 def configure(level: str, stream: TextIO) -> BatchWriter:

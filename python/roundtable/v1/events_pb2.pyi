@@ -183,7 +183,7 @@ class TokenUsage(_message.Message):
     def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class AssistantFinal(_message.Message):
-    __slots__ = ("reply_id", "member_id", "step", "content", "model", "usage", "finish_reason", "attempts")
+    __slots__ = ("reply_id", "member_id", "step", "content", "model", "usage", "finish_reason", "attempts", "output_tokens_counted")
     REPLY_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class AssistantFinal(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_COUNTED_FIELD_NUMBER: _ClassVar[int]
     reply_id: str
     member_id: str
     step: int
@@ -200,7 +201,8 @@ class AssistantFinal(_message.Message):
     usage: TokenUsage
     finish_reason: FinishReason
     attempts: int
-    def __init__(self, reply_id: _Optional[str] = ..., member_id: _Optional[str] = ..., step: _Optional[int] = ..., content: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ...) -> None: ...
+    output_tokens_counted: bool
+    def __init__(self, reply_id: _Optional[str] = ..., member_id: _Optional[str] = ..., step: _Optional[int] = ..., content: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., output_tokens_counted: _Optional[bool] = ...) -> None: ...
 
 class SpeakerFailed(_message.Message):
     __slots__ = ("reply_id", "member_id", "step", "code", "message", "attempts")

@@ -35,15 +35,31 @@ class OrchestratorServiceStub:
     INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
     every bad field once (while they fit in 4 KiB of details;
     then a last entry counts the rest), and nothing of the
-    request is stored.
+    request is stored. Bytes that do not parse as the
+    request message get it too, with a plain message and one
+    entry without a field. Not retryable.
     ALREADY_EXISTS     the run_id is known with a different snapshot.
     NOT_FOUND          no such run for this tenant (another tenant's run looks
     exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
-    StreamRun cannot be continued from after_seq.
-    RESOURCE_EXHAUSTED too many runs; retry later (google.rpc.RetryInfo).
-    UNAUTHENTICATED    the caller's credentials are missing or wrong.
-    UNAVAILABLE        the server is draining; retry on another replica.
+    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
+    StreamRun cannot be continued from after_seq, or the
+    run's last execution stopped before its end and a later
+    run continued it (its stream replays the log, then ends
+    so: no terminal event will ever come).
+    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
+    calls in flight for this caller, too many streams
+    attached to this run (retry after the delay), or a
+    stream whose reader fell behind (delay 0: re-attach at
+    once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
+    transport refused a message over its size limit (the
+    server's max_request_bytes plus 1 MiB); not retryable.
+    UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
+    from the metadata before the request is read.
+    PERMISSION_DENIED  the caller may not act for the request's tenant.
+    UNAVAILABLE        the server is draining, or the run's execution stopped
+    before its end (a restart, a crash; a stream of such a
+    run replays its log, then ends so, never OK): send the
+    same StartRun again (on another replica when draining).
     """
 
     def __init__(self, channel):
@@ -84,15 +100,31 @@ class OrchestratorServiceServicer:
     INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
     every bad field once (while they fit in 4 KiB of details;
     then a last entry counts the rest), and nothing of the
-    request is stored.
+    request is stored. Bytes that do not parse as the
+    request message get it too, with a plain message and one
+    entry without a field. Not retryable.
     ALREADY_EXISTS     the run_id is known with a different snapshot.
     NOT_FOUND          no such run for this tenant (another tenant's run looks
     exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
-    StreamRun cannot be continued from after_seq.
-    RESOURCE_EXHAUSTED too many runs; retry later (google.rpc.RetryInfo).
-    UNAUTHENTICATED    the caller's credentials are missing or wrong.
-    UNAVAILABLE        the server is draining; retry on another replica.
+    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
+    StreamRun cannot be continued from after_seq, or the
+    run's last execution stopped before its end and a later
+    run continued it (its stream replays the log, then ends
+    so: no terminal event will ever come).
+    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
+    calls in flight for this caller, too many streams
+    attached to this run (retry after the delay), or a
+    stream whose reader fell behind (delay 0: re-attach at
+    once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
+    transport refused a message over its size limit (the
+    server's max_request_bytes plus 1 MiB); not retryable.
+    UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
+    from the metadata before the request is read.
+    PERMISSION_DENIED  the caller may not act for the request's tenant.
+    UNAVAILABLE        the server is draining, or the run's execution stopped
+    before its end (a restart, a crash; a stream of such a
+    run replays its log, then ends so, never OK): send the
+    same StartRun again (on another replica when draining).
     """
 
     def StartRun(self, request, context):
@@ -121,7 +153,9 @@ class OrchestratorServiceServicer:
         greater than after_seq, then follows the live ones to the run's terminal
         event (the last one, when earlier executions of a resumed run ended too).
         Errors: NOT_FOUND; FAILED_PRECONDITION when events after after_seq are no
-        longer available (never a silent gap).
+        longer available (never a silent gap) or the run was continued before its
+        end; UNAVAILABLE after the log of a run whose execution died (send the
+        same StartRun: it resumes). Only a run's terminal event ends it OK.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,15 +220,31 @@ class OrchestratorService:
     INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
     every bad field once (while they fit in 4 KiB of details;
     then a last entry counts the rest), and nothing of the
-    request is stored.
+    request is stored. Bytes that do not parse as the
+    request message get it too, with a plain message and one
+    entry without a field. Not retryable.
     ALREADY_EXISTS     the run_id is known with a different snapshot.
     NOT_FOUND          no such run for this tenant (another tenant's run looks
     exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, or a
-    StreamRun cannot be continued from after_seq.
-    RESOURCE_EXHAUSTED too many runs; retry later (google.rpc.RetryInfo).
-    UNAUTHENTICATED    the caller's credentials are missing or wrong.
-    UNAVAILABLE        the server is draining; retry on another replica.
+    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
+    StreamRun cannot be continued from after_seq, or the
+    run's last execution stopped before its end and a later
+    run continued it (its stream replays the log, then ends
+    so: no terminal event will ever come).
+    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
+    calls in flight for this caller, too many streams
+    attached to this run (retry after the delay), or a
+    stream whose reader fell behind (delay 0: re-attach at
+    once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
+    transport refused a message over its size limit (the
+    server's max_request_bytes plus 1 MiB); not retryable.
+    UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
+    from the metadata before the request is read.
+    PERMISSION_DENIED  the caller may not act for the request's tenant.
+    UNAVAILABLE        the server is draining, or the run's execution stopped
+    before its end (a restart, a crash; a stream of such a
+    run replays its log, then ends so, never OK): send the
+    same StartRun again (on another replica when draining).
     """
 
     @staticmethod

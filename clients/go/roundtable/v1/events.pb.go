@@ -226,7 +226,11 @@ const (
 	FinishReason_FINISH_REASON_UNSPECIFIED FinishReason = 0
 	// The model finished normally.
 	FinishReason_FINISH_REASON_STOP FinishReason = 1
-	// The token budget ran out.
+	// The token budget ran out: the model server said so, or Roundtable stopped
+	// reading the stream when the budget was spent (a server that ignores
+	// max_tokens) or at the reply's character bound (see RunEvent), and closed
+	// the request. Roundtable counts the budget in streamed chunks, one chunk as
+	// one token (how OpenAI-compatible servers stream).
 	FinishReason_FINISH_REASON_LENGTH FinishReason = 2
 	// The model's reply failed validation on every attempt and Roundtable
 	// replaced it (a count-off reply becomes the bare number).
@@ -341,6 +345,14 @@ func (MemoryAction) EnumDescriptor() ([]byte, []int) {
 // StreamRun(after_seq = the last seq it handled) and lose nothing. A run that
 // was stopped and resumed has one execution after another in its log, each
 // from run_started to a terminal event; only the last terminal event ends it.
+//
+// Size: no event Roundtable commits exceeds 4 MiB, the receive limit a default
+// gRPC client (Go, Python) keeps, so a gateway with default settings can
+// always replay and re-attach. A reply's content is at most 64 characters per
+// token of its budget and never more than 262,144 characters (1 MiB in
+// UTF-8); a delta holds at most RunOptions' delta cap; a MemoryProposed holds
+// at most 32 proposals of at most 4,000 characters each; a plan's task is at
+// most 2,000 characters. Model output past a bound is not read.
 type RunEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run this event belongs to.
@@ -1031,7 +1043,10 @@ func (x *AssistantDelta) GetAttempt() uint32 {
 }
 
 // TokenUsage counts tokens, as reported by the provider (or estimated by the
-// offline model).
+// offline model). When a server reports no usage, Roundtable counts the
+// output tokens itself, one streamed chunk as one token, and says so
+// (AssistantFinal.output_tokens_counted); the input tokens are then unknown
+// and counted as 0.
 type TokenUsage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Prompt tokens.
@@ -1098,7 +1113,9 @@ type AssistantFinal struct {
 	MemberId string `protobuf:"bytes,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
 	// The step index.
 	Step uint32 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
-	// The full text of the reply.
+	// The full text of the reply: at most 64 characters per token of the step's
+	// token_budget and never more than 262,144 characters (1 MiB in UTF-8). A
+	// reply cut at either bound ends with FINISH_REASON_LENGTH.
 	Content string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
 	// The model that produced it ("provider/model"), after any failover.
 	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
@@ -1108,9 +1125,13 @@ type AssistantFinal struct {
 	FinishReason FinishReason `protobuf:"varint,7,opt,name=finish_reason,json=finishReason,proto3,enum=roundtable.v1.FinishReason" json:"finish_reason,omitempty"`
 	// How many model calls it took: the harness's retries and failovers and a
 	// count-off's re-asks included.
-	Attempts      uint32 `protobuf:"varint,8,opt,name=attempts,proto3" json:"attempts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Attempts uint32 `protobuf:"varint,8,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// True when a model server reported no usage for (some of) this reply's
+	// model calls and their output tokens in `usage` were counted by Roundtable,
+	// one streamed chunk as one token; false when every count was reported.
+	OutputTokensCounted bool `protobuf:"varint,9,opt,name=output_tokens_counted,json=outputTokensCounted,proto3" json:"output_tokens_counted,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *AssistantFinal) Reset() {
@@ -1199,6 +1220,13 @@ func (x *AssistantFinal) GetAttempts() uint32 {
 	return 0
 }
 
+func (x *AssistantFinal) GetOutputTokensCounted() bool {
+	if x != nil {
+		return x.OutputTokensCounted
+	}
+	return false
+}
+
 // SpeakerFailed says a speaker could not produce a reply after its retries
 // and failover. The run goes on with the next speaker.
 type SpeakerFailed struct {
@@ -1212,7 +1240,12 @@ type SpeakerFailed struct {
 	// A stable code: MODEL_TIMEOUT, MODEL_UNAVAILABLE, MODEL_RATE_LIMITED,
 	// MODEL_REJECTED (a 4xx), CIRCUIT_OPEN, MODEL_ERROR.
 	Code string `protobuf:"bytes,4,opt,name=code,proto3" json:"code,omitempty"`
-	// A human-readable reason, free of prompt text and secrets.
+	// A human-readable reason naming the cause of the last attempt's failure,
+	// in Roundtable's own words: "model server unavailable: HTTP 503 Service
+	// Unavailable", "...: connection refused (ECONNREFUSED)", "...: host name
+	// not resolved", "...: stream ended before its finish_reason (cut off)",
+	// "model call timed out: no answer within 30s". Never the server's message
+	// or body, prompt text or secrets.
 	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
 	// Model calls made: the harness's retries and failovers and a count-off's
 	// re-asks included.
@@ -1399,7 +1432,8 @@ func (x *MemoryProposal) GetEvidenceReplyIds() []string {
 // the last speaker.
 type MemoryProposed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The proposals; never empty.
+	// The proposals; never empty, at most 32 (the first valid ones the model
+	// proposed).
 	Proposals     []*MemoryProposal `protobuf:"bytes,1,rep,name=proposals,proto3" json:"proposals,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1848,7 +1882,7 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\n" +
 	"TokenUsage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x04R\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x02 \x01(\x04R\foutputTokens\"\x9b\x02\n" +
+	"\routput_tokens\x18\x02 \x01(\x04R\foutputTokens\"\xcf\x02\n" +
 	"\x0eAssistantFinal\x12\x19\n" +
 	"\breply_id\x18\x01 \x01(\tR\areplyId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +
@@ -1857,7 +1891,8 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\x05model\x18\x05 \x01(\tR\x05model\x12/\n" +
 	"\x05usage\x18\x06 \x01(\v2\x19.roundtable.v1.TokenUsageR\x05usage\x12@\n" +
 	"\rfinish_reason\x18\a \x01(\x0e2\x1b.roundtable.v1.FinishReasonR\ffinishReason\x12\x1a\n" +
-	"\battempts\x18\b \x01(\rR\battempts\"\xa5\x01\n" +
+	"\battempts\x18\b \x01(\rR\battempts\x122\n" +
+	"\x15output_tokens_counted\x18\t \x01(\bR\x13outputTokensCounted\"\xa5\x01\n" +
 	"\rSpeakerFailed\x12\x19\n" +
 	"\breply_id\x18\x01 \x01(\tR\areplyId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +

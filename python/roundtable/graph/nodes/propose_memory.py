@@ -56,10 +56,16 @@ class MemoryProposals(BaseModel):
     proposals: list[ProposedMemory] = Field(default_factory=list)
 
 
+MAX_PROPOSALS = 32
+"""Proposals one MemoryProposed carries at most: with each content's 4,000 characters the
+event stays far inside the 4 MiB a default gRPC client accepts."""
+
+
 def accept(
     proposals: list[ProposedMemory], snapshot: Snapshot, replies: list[ReplyDict], run_id: str
 ) -> tuple[MemoryProposal, ...]:
-    """Keeps the proposals that refer to real members, memories and this run's replies."""
+    """Keeps the proposals that refer to real members, memories and this run's replies
+    (the first `MAX_PROPOSALS` of them, each citing a reply at most once)."""
     reply_ids = {r["reply_id"] for r in replies if not r["failed"]}
     members = {m.member_id: m for m in snapshot.members}
     out: list[MemoryProposal] = []
@@ -68,7 +74,12 @@ def accept(
     same: dict[tuple[str, str, str, str], int] = {}
     for p in proposals:
         member = members.get(p.member_id)
-        evidence = tuple(e for e in p.evidence_reply_ids if e in reply_ids or e == "user")
+        if len(out) >= MAX_PROPOSALS:
+            break
+        # dict.fromkeys: a model repeating one id a million times cites it once.
+        evidence = tuple(
+            dict.fromkeys(e for e in p.evidence_reply_ids if e in reply_ids or e == "user")
+        )
         if member is None or not evidence:
             continue
         if p.action != "create" and p.target_memory_id not in {
@@ -146,8 +157,11 @@ async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationS
         )
     except ModelError as exc:
         # Memory is a bonus: the turn's replies are already delivered, so it still succeeds.
-        # The detail names the form, the fields or the HTTP status, never the model's text.
-        log.warning("memory proposal skipped: %s (%s)", exc.code, exc.detail or exc.message)
+        # The error's text is Roundtable's own (a status, "connection refused"): it says
+        # why without the provider's message, which may echo the prompt.
+        log.warning(
+            "memory proposal skipped (run %s): %s %s", ctx.request.context.run_id, exc.code, exc
+        )
         return {}
     assert isinstance(result.parsed, MemoryProposals)
     proposals = accept(result.parsed.proposals, snapshot, replies, ctx.request.context.run_id)
