@@ -222,8 +222,9 @@ async def test_a_stream_of_a_run_whose_execution_died_is_not_a_clean_end(tmp_pat
         events, code = await _stream_of(b, "died-1")
         assert [e.seq for e in events] == [e.seq for e in killed if e.seq]
         assert code == grpc.StatusCode.UNAVAILABLE
-        # A 继续 turn continues it: the old run's stream then ends FAILED_PRECONDITION
-        # (nothing more will come), not OK after a speaker_started.
+        # A 继续 turn continues it: the old run's log gets the end it never wrote, a
+        # run_failed that is not retryable (the continuing run answers for it), and its
+        # stream and replay end there, OK.
         cont = start_request(
             "继续",
             members=list(request.snapshot.members),
@@ -233,15 +234,34 @@ async def test_a_stream_of_a_run_whose_execution_died_is_not_a_clean_end(tmp_pat
         async with b.channel() as channel:
             await collect(b.stub(channel).StartRun(cont))
         events, code = await _stream_of(b, "died-1")
-        assert events and events[-1].WhichOneof("payload") not in {
-            "run_completed",
-            "run_cancelled",
-            "run_failed",
-        }
-        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert code == "OK"
+        closed = events[-1].run_failed
+        assert (closed.code, closed.retryable) == ("RUN_INTERRUPTED", False)
+        assert "died-2" in closed.message
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
         async with b.channel() as channel:
-            with pytest.raises(grpc.aio.AioRpcError) as replay:
-                await collect(b.stub(channel).StartRun(request))
-        assert replay.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            replay = await collect(b.stub(channel).StartRun(request))
+        assert replay == events
     finally:
         await b.stop()
+
+
+async def test_a_resumed_run_closes_the_execution_that_died(tmp_path: Path) -> None:
+    a = await ServerProcess(tmp_path / "rt.db", tmp_path / "a.log").start()
+    request = six_speakers("@all hello", "died-3")
+    await run_until_killed(a, request, lambda e: e.WhichOneof("payload") == "speaker_started")
+    b = await ServerProcess(tmp_path / "rt.db", tmp_path / "b.log").start()
+    try:
+        async with b.channel() as channel:
+            events = await collect(b.stub(channel).StartRun(request))
+    finally:
+        await b.stop()
+    events = [e for e in events if e.WhichOneof("payload") != "assistant_delta"]
+    # Each execution in the log runs from run_started to a terminal event.
+    starts = [i for i, e in enumerate(events) if e.WhichOneof("payload") == "run_started"]
+    assert len(starts) == 2
+    dead_end = events[starts[1] - 1]
+    assert dead_end.WhichOneof("payload") == "run_failed"
+    assert (dead_end.run_failed.code, dead_end.run_failed.retryable) == ("RUN_INTERRUPTED", True)
+    assert events[-1].WhichOneof("payload") == "run_completed"
+    assert [e.seq for e in events if e.seq] == list(range(1, len(events) + 1))

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from roundtable.api.convert import FINGERPRINT_PREFIX
+from roundtable.api.convert import FINGERPRINT_PREFIX, event_to_proto
 from roundtable.domain.errors import (
     Draining,
     RoundtableError,
@@ -64,6 +64,7 @@ from roundtable.store.base import (
     RunRecord,
     RunStatus,
     RunStore,
+    StoredEvent,
 )
 from roundtable.telemetry.attributes import run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
@@ -152,6 +153,10 @@ class RunLimits:
     """Events buffered per stream (see `live.Subscription`)."""
     max_streams_per_run: int = 64
     """Streams attached to one live run at once (a follower costs ≈60 KB)."""
+
+
+RUN_INTERRUPTED = "RUN_INTERRUPTED"
+"""run_failed's code for an execution that died before its end, written when it is found dead."""
 
 
 def _is_terminal(event: epb.RunEvent) -> bool:
@@ -354,6 +359,15 @@ class RunManager:
                     epb.RunEvent.FromString(e.body)
                     for e in await self.store.read_events(ctx.tenant, ctx.run_id, 0)
                 ]
+                if prior_events and not _is_terminal(prior_events[-1]):
+                    # The execution before this one died mid-way (a crash, a kill, a lost
+                    # replica): its end goes in the log first, so that every execution
+                    # there ends in a terminal event, as the contract says.
+                    prior_events.append(
+                        await self._close_dead_execution(
+                            record, prior_events[-1].seq, retryable=True, owner=self.owner
+                        )
+                    )
                 # The log, not the registry, knows the last seq: a killed process never
                 # wrote its final registry update.
                 record.last_seq = prior_events[-1].seq if prior_events else 0
@@ -508,8 +522,42 @@ class RunManager:
             if steps and await self.store.claim_continuation(
                 record.tenant, earlier.run_id, record.run_id
             ):
+                log = await self.store.read_events(earlier.tenant, earlier.run_id, 0)
+                last = epb.RunEvent.FromString(log[-1].body) if log else None
+                if last is not None and not _is_terminal(last):
+                    # Killed mid-way, then continued: its log gets the end it never wrote.
+                    # Not retryable: this run answers for it now. No owner fence: the
+                    # claim made it ours, and nobody else writes a continued run.
+                    await self._close_dead_execution(
+                        earlier, last.seq, retryable=False, continued_by=record.run_id
+                    )
                 return Continuation(run_id=earlier.run_id, steps=steps)
         return None
+
+    async def _close_dead_execution(
+        self,
+        record: RunRecord,
+        last_seq: int,
+        *,
+        retryable: bool,
+        owner: str | None = None,
+        continued_by: str = "",
+    ) -> epb.RunEvent:
+        """Appends the run_failed (RUN_INTERRUPTED) that a dead execution never wrote."""
+        why = (
+            f"continued by run {continued_by}"
+            if continued_by
+            else "send the same StartRun to resume it (finished speakers are kept)"
+        )
+        failed = RunFailed(
+            code=RUN_INTERRUPTED,
+            message=f"the execution stopped before its end (its process ended); {why}",
+            retryable=retryable,
+        )
+        proto = event_to_proto(record.run_id, last_seq + 1, time.time(), failed)
+        stored = StoredEvent(last_seq + 1, "run_failed", proto.SerializeToString())
+        await self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
+        return proto
 
     async def _failed_retryably(self, record: RunRecord) -> bool:
         """Whether the run failed with `retryable` set (an internal error, not a deadline):

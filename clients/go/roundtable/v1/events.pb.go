@@ -1761,7 +1761,13 @@ func (x *RunCompleted) GetRounds() uint32 {
 // RunFailed ends a run that could not go on.
 type RunFailed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// A stable code: RUN_DEADLINE_EXCEEDED, INTERNAL, STORE_UNAVAILABLE.
+	// A stable code: RUN_DEADLINE_EXCEEDED, INTERNAL (retryable), or
+	// RUN_INTERRUPTED: an execution that died before its end (a crash, a kill, a
+	// replica that stopped), written into the log when it is found dead, so that
+	// every execution there ends in a terminal event. It is found dead when the
+	// same StartRun resumes the run (retryable, followed in the same stream by
+	// the resumed execution's run_started) or when a continue turn takes it over
+	// (not retryable; the message names the continuing run).
 	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
 	// A human-readable reason, free of prompt text and secrets.
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
