@@ -206,11 +206,6 @@ async def running_server(
         await server.stop(None)  # lets the port go
         telemetry.shutdown()
         raise
-    interrupted = await store.mark_interrupted()
-    if interrupted:
-        log.warning(
-            "marked %d run(s) left running by a previous process as interrupted", interrupted
-        )
     providers = {**build_providers(settings), **(extra_providers or {})}
     harness = Harness(
         providers,
@@ -236,6 +231,13 @@ async def running_server(
             max_streams_per_run=settings.max_streams_per_run,
         ),
     )
+    interrupted = await store.mark_interrupted()
+    if interrupted:
+        log.warning(
+            "marked %d run(s) left running by a previous process as interrupted",
+            len(interrupted),
+        )
+        await manager.close_interrupted(interrupted)
     add_to_server(
         OrchestratorServicer(
             manager,

@@ -217,14 +217,17 @@ async def test_a_stream_of_a_run_whose_execution_died_is_not_a_clean_end(tmp_pat
     )
     b = await ServerProcess(tmp_path / "rt.db", tmp_path / "b.log").start()
     try:
-        # Marked interrupted at B's start: its log ends at speaker_started, not at a
-        # terminal event, so the stream must say "send the same StartRun".
+        # Marked interrupted at B's start, which closes the log A never closed: the stream
+        # ends in a terminal event saying "send the same StartRun" (it ended OK after a
+        # speaker_started before).
         events, code = await _stream_of(b, "died-1")
-        assert [e.seq for e in events] == [e.seq for e in killed if e.seq]
-        assert code == grpc.StatusCode.UNAVAILABLE
-        # A 继续 turn continues it: the old run's log gets the end it never wrote, a
-        # run_failed that is not retryable (the continuing run answers for it), and its
-        # stream and replay end there, OK.
+        assert [e.seq for e in events[:-1]] == [e.seq for e in killed if e.seq]
+        closed = events[-1].run_failed
+        assert (closed.code, closed.retryable) == ("RUN_INTERRUPTED", True)
+        assert code == "OK"
+        # A 继续 turn continues it: the old run's stream then ends FAILED_PRECONDITION
+        # after its log (its retryable run_failed would have the gateway send a StartRun
+        # that can only replay it), and so does that StartRun.
         cont = start_request(
             "继续",
             members=list(request.snapshot.members),
@@ -233,15 +236,14 @@ async def test_a_stream_of_a_run_whose_execution_died_is_not_a_clean_end(tmp_pat
         )
         async with b.channel() as channel:
             await collect(b.stub(channel).StartRun(cont))
-        events, code = await _stream_of(b, "died-1")
-        assert code == "OK"
-        closed = events[-1].run_failed
-        assert (closed.code, closed.retryable) == ("RUN_INTERRUPTED", False)
-        assert "died-2" in closed.message
-        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        again, code = await _stream_of(b, "died-1")
+        assert again == events
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
         async with b.channel() as channel:
-            replay = await collect(b.stub(channel).StartRun(request))
-        assert replay == events
+            with pytest.raises(grpc.aio.AioRpcError) as replay:
+                await collect(b.stub(channel).StartRun(request))
+        assert replay.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "died-2" in (replay.value.details() or "")
     finally:
         await b.stop()
 

@@ -357,3 +357,55 @@ async def test_a_slow_reader_of_a_taken_over_run_is_bounded_like_any_other() -> 
     await asyncio.wait_for(forward, 1.0)
     assert isinstance(client.error, StreamOverflow)
     assert len([e async for e in client]) <= 16 + 1
+
+
+async def test_a_stored_log_without_its_end_ends_the_stream_unavailable(start_server) -> None:
+    # A log nobody closed (a replica's run whose lease ran out on a shared store, before any
+    # replica resumed it) is not an end: the stream says "send the same StartRun".
+    async with start_server() as server:
+        now = time.time()
+        run = RunRecord(
+            tenant="tenant-1",
+            run_id="open-log",
+            thread_id="t-open",
+            fingerprint="f",
+            status=RunStatus.INTERRUPTED,
+            created_at=now,
+            updated_at=now,
+            last_seq=1,
+        )
+        assert await server.store.create_run(run)
+        started = epb.RunEvent(run_id="open-log", seq=1)
+        started.run_started.thread_id = "t-open"
+        planned = epb.RunEvent(run_id="open-log", seq=2)
+        planned.plan_created.steps.add(member_id="a", reply_id="open-log#0", task="answer")
+        for event in (started, planned):
+            kind = event.WhichOneof("payload") or ""
+            stored = StoredEvent(event.seq, kind, event.SerializeToString())
+            await server.store.append_event("tenant-1", "open-log", stored)
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = pb_grpc.OrchestratorServiceStub(channel)
+            got = []
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                async for response in stub.StreamRun(
+                    pb.StreamRunRequest(run_id="open-log", tenant="tenant-1")
+                ):
+                    got.append(response.event.seq)
+            assert got == [1, 2]
+            assert ended.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert "send the same StartRun" in (ended.value.details() or "")
+            # A 继续 turn takes it over: the old log gets the end it never had (not
+            # retryable: the continuing run answers for it), and its stream ends OK there.
+            continued = await collect(
+                stub.StartRun(start_request("继续", run_id="open-2", thread_id="t-open"))
+            )
+            assert [
+                f.assistant_final.member_id for f in continued if f.HasField("assistant_final")
+            ] == ["a"]
+            old = await collect(
+                stub.StreamRun(pb.StreamRunRequest(run_id="open-log", tenant="tenant-1"))
+            )
+    assert [e.seq for e in old] == [1, 2, 3]
+    closed = old[-1].run_failed
+    assert (closed.code, closed.retryable) == ("RUN_INTERRUPTED", False)
+    assert "open-2" in closed.message

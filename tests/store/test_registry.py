@@ -281,7 +281,7 @@ async def test_a_run_marked_interrupted_at_start_up_is_no_longer_its_late_owners
             now = time.time()
             stale = record("r", RunStatus.RUNNING, lease_until=now - 1)  # owner replica-x
             assert await late.create_run(stale)
-            assert await starting.mark_interrupted() == 1
+            assert await starting.mark_interrupted() == [("acme", "r")]
             assert not await late.renew_lease("acme", "r", "replica-x", 10.0)
             with pytest.raises(LeaseLost):
                 event = StoredEvent(1, "run_started", b"x")

@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -164,24 +164,25 @@ def _is_terminal(event: epb.RunEvent) -> bool:
 
 
 def _stored_stream(
-    record: RunRecord, events: list[epb.RunEvent], *, log_ends: bool | None = None
+    record: RunRecord, events: list[epb.RunEvent], last: epb.RunEvent | None
 ) -> Subscription:
     """A stream of a run no process executes: its stored events, then its end.
 
-    A log whose last execution died before its terminal event (a crash or kill, then a
-    restart that marked it interrupted, or a lease that ran out) does not end OK, which a
-    gateway would take for the run's end: it ends UNAVAILABLE (RunOrphaned: send the same
-    StartRun, which resumes it), or FAILED_PRECONDITION (RunContinued) once a later run has
-    continued it.
+    A log whose last execution died before its terminal event (a lease that ran out on a
+    shared store, before any replica resumed the run) does not end OK, which a gateway
+    would take for the run's end: it ends UNAVAILABLE (RunOrphaned: send the same
+    StartRun, which resumes it). A run a later run continued ends FAILED_PRECONDITION
+    (RunContinued) when its log does not end for good: no terminal event, or a retryable
+    run_failed, which would have the gateway send a StartRun that can only replay it.
+    `events` are what the stream gives; `last` is the log's last event.
     """
     sub = Subscription(events, ended=True)
-    if log_ends is None:
-        log_ends = bool(events) and _is_terminal(events[-1])
-    if not log_ends:
-        if record.status is RunStatus.CONTINUED:
+    log_ends = last is not None and _is_terminal(last)
+    if record.status is RunStatus.CONTINUED:
+        if not log_ends or (last is not None and last.run_failed.retryable):
             sub.error = RunContinued(f"run {record.run_id!r} by run {record.continued_by!r}")
-        else:
-            sub.error = RunOrphaned(record.run_id)
+    elif not log_ends:
+        sub.error = RunOrphaned(record.run_id)
     return sub
 
 
@@ -534,6 +535,27 @@ class RunManager:
                 return Continuation(run_id=earlier.run_id, steps=steps)
         return None
 
+    async def close_interrupted(self, runs: Iterable[tuple[str, str]]) -> None:
+        """Closes the logs of runs that start-up marked interrupted (their process died):
+        each gets the run_failed (RUN_INTERRUPTED, retryable) its execution never wrote, so
+        a stream of one ends in a terminal event that says "send the same StartRun".
+
+        Only for a store this process alone serves: on a shared one a replica may be
+        resuming such a run at this very moment, and that resume closes the log itself.
+        """
+        if self.store.shared:
+            return
+        for tenant, run_id in runs:
+            record = await self.store.get_run(tenant, run_id)
+            stored = await self.store.read_events(tenant, run_id, 0)
+            if record is None or not stored:
+                continue  # queued and never started: it has no execution to close
+            last = epb.RunEvent.FromString(stored[-1].body)
+            if not _is_terminal(last):
+                closed = await self._close_dead_execution(record, last.seq, retryable=True)
+                record.last_seq = closed.seq
+                await self.store.update_run(record)
+
     async def _close_dead_execution(
         self,
         record: RunRecord,
@@ -579,7 +601,8 @@ class RunManager:
 
     async def _replay(self, record: RunRecord) -> Subscription:
         events = await self.store.read_events(record.tenant, record.run_id, 0)
-        return _stored_stream(record, [epb.RunEvent.FromString(e.body) for e in events])
+        decoded = [epb.RunEvent.FromString(e.body) for e in events]
+        return _stored_stream(record, decoded, decoded[-1] if decoded else None)
 
     # -- executing --------------------------------------------------------------------------
 
@@ -950,8 +973,8 @@ class RunManager:
             # Never skip silently: a gap means the log lost events the caller has not seen.
             raise StreamGap(f"the event log of run {run_id!r} is missing events")
         events = [epb.RunEvent.FromString(e.body) for e in stored if e.seq > after_seq]
-        ends = bool(stored) and _is_terminal(epb.RunEvent.FromString(stored[-1].body))
-        return _stored_stream(record, events, log_ends=ends)
+        last_event = epb.RunEvent.FromString(stored[-1].body) if stored else None
+        return _stored_stream(record, events, last_event)
 
     async def _subscribe(self, live: LiveRun, *, after_seq: int) -> Subscription:
         """A stream of a run this process executes: durable events after `after_seq`, then

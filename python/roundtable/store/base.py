@@ -217,11 +217,11 @@ class RunStore(Protocol):
         policy looks at across replicas (a replica knows its own runs in memory)."""
         ...
 
-    async def mark_interrupted(self) -> int:
+    async def mark_interrupted(self) -> list[tuple[str, str]]:
         """Marks runs left `running` or `queued` by a dead process as interrupted.
 
         A SQLite file belongs to one process, so every such run is marked; a shared store
-        marks only runs whose lease has expired. Returns how many were marked.
+        marks only runs whose lease has expired. Returns the (tenant, run_id) of each.
         """
         ...
 

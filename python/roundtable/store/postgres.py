@@ -228,16 +228,17 @@ class PostgresRunStore:
         rows = await self._fetch(_SQL.continued_run, (tenant, by_run_id))
         return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
 
-    async def mark_interrupted(self) -> int:
+    async def mark_interrupted(self) -> list[tuple[str, str]]:
         now = time.time()
-        return await self._execute(
+        rows = await self._fetch(
             # The owner goes too: a replica that was only late to renew (a pause) then
             # finds the run is not its own any more (LeaseLost) instead of running on
             # under an 'interrupted' row nobody else can cancel or see.
             "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=%s "
-            "WHERE status IN ('running','queued') AND lease_until<%s",
+            "WHERE status IN ('running','queued') AND lease_until<%s RETURNING tenant, run_id",
             (now, now),
         )
+        return [(row["tenant"], row["run_id"]) for row in rows]
 
     async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
         params = acquire_params(tenant, run_id, owner, ttl_s, time.time())

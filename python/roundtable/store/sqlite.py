@@ -343,15 +343,15 @@ class SqliteRunStore:
         row = self.conn.execute(_SQL.continued_run, (tenant, by_run_id)).fetchone()
         return run_from_row(row) if row else None
 
-    async def mark_interrupted(self) -> int:
+    async def mark_interrupted(self) -> list[tuple[str, str]]:
         await self._before_write()
         cursor = self.conn.execute(
             # The file belongs to this process: whoever held these runs is gone.
             "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=? "
-            "WHERE status IN ('running','queued')",
+            "WHERE status IN ('running','queued') RETURNING tenant, run_id",
             (time.time(),),
         )
-        return cursor.rowcount
+        return [(tenant, run_id) for tenant, run_id in cursor.fetchall()]
 
     async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
         await self._before_write()
