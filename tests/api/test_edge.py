@@ -218,3 +218,76 @@ async def test_only_the_retryable_resource_exhausted_carries_a_retry_info(start_
     assert details is None or not any(
         d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details.details
     )
+
+
+def _reason(error: grpc.aio.AioRpcError) -> str | None:
+    status = rpc_status.from_call(error)
+    for detail in status.details if status else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            assert info.domain == "roundtable.v1"
+            return info.reason
+    return None
+
+
+def test_the_proto_error_table_lists_every_reason_the_server_sends() -> None:
+    import re
+
+    from roundtable.api.errors import WIRE
+
+    proto = (
+        Path(__file__).parents[2] / "proto/roundtable/v1/orchestrator_service.proto"
+    ).read_text()
+    table = proto[proto.index("// Errors are gRPC") : proto.index("service OrchestratorService")]
+    listed = set(re.findall(r"\[([A-Z_]+)\]", table))
+    sent = {wire.reason for wire in WIRE.values()} | {"INTERNAL"}
+    assert listed == sent
+    for wire in WIRE.values():  # each reason under its own status code's heading
+        heading = table.index(f"//   {wire.code.name}")
+        nxt = [m.start() for m in re.finditer(r"\n//   [A-Z_]+ ", table) if m.start() > heading]
+        section = table[heading : nxt[0]] if nxt else table[heading:]
+        assert f"[{wire.reason}]" in section, (wire.reason, wire.code.name)
+
+
+async def test_errors_carry_their_reason(guarded) -> None:
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+
+    async with grpc.aio.insecure_channel(guarded.address) as channel:
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        missing = await _code_of(
+            stub.GetRun(pb.GetRunRequest(run_id="r", tenant="t"), metadata=auth)
+        )
+        bad = await _code_of(stub.GetRun(pb.GetRunRequest(run_id="", tenant="t"), metadata=auth))
+        garbled = await _code_of(_raw_call(channel, GET_RUN, False)(b"\x0a\x10abc", metadata=auth))
+        anonymous = await _code_of(stub.GetRun(pb.GetRunRequest(run_id="r", tenant="t")))
+    assert _reason(missing) == "RUN_NOT_FOUND"
+    assert _reason(bad) == "INVALID_REQUEST"
+    assert _reason(garbled) == "UNDECODABLE_REQUEST"
+    assert _reason(anonymous) == "UNAUTHENTICATED"
+
+
+async def test_a_bug_is_internal_with_a_plain_message_and_logged_whole(caplog) -> None:
+    from roundtable.api.auth import Authenticator
+    from roundtable.api.edge import CallLimiter, EdgeInterceptor
+
+    async def boom(request: bytes, context: object) -> bytes:
+        raise KeyError("a-detail-of-the-bug")
+
+    server = grpc.aio.server(interceptors=[EdgeInterceptor(Authenticator(), CallLimiter(0))])
+    handler = grpc.unary_unary_rpc_method_handler(boom)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("t.T", {"Boom": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            error = await _code_of(_raw_call(channel, "/t.T/Boom", False)(b""))
+    finally:
+        await server.stop(None)
+    assert error.code() is grpc.StatusCode.INTERNAL
+    assert error.details() == "internal error: /t.T/Boom"
+    assert _reason(error) == "INTERNAL"
+    assert "a-detail-of-the-bug" in caplog.text  # the log has it all

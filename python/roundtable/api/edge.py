@@ -31,6 +31,7 @@ import grpc
 from roundtable.api.auth import HEALTH_METHODS, Authenticator, Caller
 from roundtable.api.errors import to_grpc_status
 from roundtable.domain.errors import (
+    InternalError,
     RoundtableError,
     TooManyCalls,
     Unauthenticated,
@@ -152,8 +153,20 @@ def _edge_handler(handler: Any, method: str, admit: _Admit | None) -> Any:
     deserializer = _tolerant(handler.request_deserializer)
     serializer = handler.response_serializer
 
-    def admitted(context: Any) -> contextlib.AbstractAsyncContextManager[None]:
-        return admit(context, method) if admit is not None else contextlib.nullcontext()
+    @contextlib.asynccontextmanager
+    async def admitted(context: Any) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if admit is not None:
+                await stack.enter_async_context(admit(context, method))
+            try:
+                yield
+            except grpc.aio.AbortError:
+                raise  # a status the handler chose
+            except Exception:
+                # A bug: logged whole here, and INTERNAL with a plain message on the wire
+                # (gRPC would send UNKNOWN naming the exception's Python class).
+                log.exception("unexpected error in %s", method)
+                await _abort(context, InternalError(method))
 
     async def requests(context: Any) -> AsyncIterator[Any]:
         while (request := await context.read()) is not grpc.aio.EOF:

@@ -141,6 +141,12 @@ class TenantForbidden(RoundtableError):
     message = "caller may not act for this tenant"
 
 
+class InternalError(RoundtableError):
+    """A bug: the edge logs it whole and tells the client no more than where."""
+
+    message = "internal error"
+
+
 class InvalidSettings(RoundtableError):
     """The settings are contradictory or unsafe, or name unreadable files: no server starts."""
 

@@ -31,35 +31,44 @@ class OrchestratorServiceStub:
     owns no data: replies and memory proposals come back as events, and the
     gateway decides what to store.
 
-    Errors are gRPC status codes with google.rpc details:
-    INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
-    every bad field once (while they fit in 4 KiB of details;
-    then a last entry counts the rest), and nothing of the
-    request is stored. Bytes that do not parse as the
-    request message get it too, with a plain message and one
-    entry without a field. Not retryable.
-    ALREADY_EXISTS     the run_id is known with a different snapshot.
-    NOT_FOUND          no such run for this tenant (another tenant's run looks
-    exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
-    StreamRun cannot be continued from after_seq, or the
-    run's last execution stopped before its end and a later
-    run continued it (its stream replays the log, then ends
-    so: no terminal event will ever come).
-    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
-    calls in flight for this caller, too many streams
-    attached to this run (retry after the delay), or a
-    stream whose reader fell behind (delay 0: re-attach at
-    once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
-    transport refused a message over its size limit (the
-    server's max_request_bytes plus 1 MiB); not retryable.
-    UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
-    from the metadata before the request is read.
-    PERMISSION_DENIED  the caller may not act for the request's tenant.
-    UNAVAILABLE        the server is draining, or the run's execution stopped
-    before its end (a restart, a crash; a stream of such a
-    run replays its log, then ends so, never OK): send the
-    same StartRun again (on another replica when draining).
+    Errors are gRPC status codes with google.rpc details. Every error the server
+    sends on purpose carries a google.rpc.ErrorInfo in the domain "roundtable.v1"
+    whose reason (in brackets below) tells apart errors of one code:
+    INVALID_ARGUMENT   [INVALID_REQUEST] the request is malformed; a
+    google.rpc.BadRequest lists every bad field once (while
+    they fit in 4 KiB of details; then a last entry counts
+    the rest), and nothing of the request is stored.
+    [UNDECODABLE_REQUEST] the bytes do not parse as the
+    request message (one BadRequest entry without a field).
+    Not retryable.
+    ALREADY_EXISTS     [RUN_ALREADY_EXISTS] the run_id is known with a
+    different snapshot.
+    NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
+    tenant's run looks exactly like a missing one).
+    FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
+    REJECT. [STREAM_GAP] a StreamRun cannot be continued
+    from after_seq. [RUN_CONTINUED] the run's last execution
+    stopped before its end and a later run continued it (its
+    stream replays the log, then ends so).
+    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
+    delay: [TOO_MANY_RUNS] runs executing in the process or
+    for the tenant, [TOO_MANY_CALLS] calls in flight for this
+    caller, [TOO_MANY_STREAMS] streams attached to this run,
+    [STREAM_OVERFLOW] a stream whose reader fell behind
+    (delay 0: re-attach at once with StreamRun(after_seq)).
+    WITHOUT an ErrorInfo or RetryInfo: the transport refused
+    a message over its size limit (the server's
+    max_request_bytes plus 1 MiB); not retryable.
+    UNAUTHENTICATED    [UNAUTHENTICATED] the caller's credentials are missing
+    or wrong; decided from the metadata before the request
+    is read.
+    PERMISSION_DENIED  [TENANT_FORBIDDEN] the caller may not act for the
+    request's tenant.
+    UNAVAILABLE        [DRAINING] the server is draining: send the same StartRun
+    to another replica. [RUN_ORPHANED] the run's execution
+    stopped before its end (its replica stopped, or a log
+    nobody closed): send the same StartRun, which resumes it.
+    INTERNAL           [INTERNAL] a bug; the message says no more.
     """
 
     def __init__(self, channel):
@@ -96,35 +105,44 @@ class OrchestratorServiceServicer:
     owns no data: replies and memory proposals come back as events, and the
     gateway decides what to store.
 
-    Errors are gRPC status codes with google.rpc details:
-    INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
-    every bad field once (while they fit in 4 KiB of details;
-    then a last entry counts the rest), and nothing of the
-    request is stored. Bytes that do not parse as the
-    request message get it too, with a plain message and one
-    entry without a field. Not retryable.
-    ALREADY_EXISTS     the run_id is known with a different snapshot.
-    NOT_FOUND          no such run for this tenant (another tenant's run looks
-    exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
-    StreamRun cannot be continued from after_seq, or the
-    run's last execution stopped before its end and a later
-    run continued it (its stream replays the log, then ends
-    so: no terminal event will ever come).
-    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
-    calls in flight for this caller, too many streams
-    attached to this run (retry after the delay), or a
-    stream whose reader fell behind (delay 0: re-attach at
-    once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
-    transport refused a message over its size limit (the
-    server's max_request_bytes plus 1 MiB); not retryable.
-    UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
-    from the metadata before the request is read.
-    PERMISSION_DENIED  the caller may not act for the request's tenant.
-    UNAVAILABLE        the server is draining, or the run's execution stopped
-    before its end (a restart, a crash; a stream of such a
-    run replays its log, then ends so, never OK): send the
-    same StartRun again (on another replica when draining).
+    Errors are gRPC status codes with google.rpc details. Every error the server
+    sends on purpose carries a google.rpc.ErrorInfo in the domain "roundtable.v1"
+    whose reason (in brackets below) tells apart errors of one code:
+    INVALID_ARGUMENT   [INVALID_REQUEST] the request is malformed; a
+    google.rpc.BadRequest lists every bad field once (while
+    they fit in 4 KiB of details; then a last entry counts
+    the rest), and nothing of the request is stored.
+    [UNDECODABLE_REQUEST] the bytes do not parse as the
+    request message (one BadRequest entry without a field).
+    Not retryable.
+    ALREADY_EXISTS     [RUN_ALREADY_EXISTS] the run_id is known with a
+    different snapshot.
+    NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
+    tenant's run looks exactly like a missing one).
+    FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
+    REJECT. [STREAM_GAP] a StreamRun cannot be continued
+    from after_seq. [RUN_CONTINUED] the run's last execution
+    stopped before its end and a later run continued it (its
+    stream replays the log, then ends so).
+    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
+    delay: [TOO_MANY_RUNS] runs executing in the process or
+    for the tenant, [TOO_MANY_CALLS] calls in flight for this
+    caller, [TOO_MANY_STREAMS] streams attached to this run,
+    [STREAM_OVERFLOW] a stream whose reader fell behind
+    (delay 0: re-attach at once with StreamRun(after_seq)).
+    WITHOUT an ErrorInfo or RetryInfo: the transport refused
+    a message over its size limit (the server's
+    max_request_bytes plus 1 MiB); not retryable.
+    UNAUTHENTICATED    [UNAUTHENTICATED] the caller's credentials are missing
+    or wrong; decided from the metadata before the request
+    is read.
+    PERMISSION_DENIED  [TENANT_FORBIDDEN] the caller may not act for the
+    request's tenant.
+    UNAVAILABLE        [DRAINING] the server is draining: send the same StartRun
+    to another replica. [RUN_ORPHANED] the run's execution
+    stopped before its end (its replica stopped, or a log
+    nobody closed): send the same StartRun, which resumes it.
+    INTERNAL           [INTERNAL] a bug; the message says no more.
     """
 
     def StartRun(self, request, context):
@@ -216,35 +234,44 @@ class OrchestratorService:
     owns no data: replies and memory proposals come back as events, and the
     gateway decides what to store.
 
-    Errors are gRPC status codes with google.rpc details:
-    INVALID_ARGUMENT   the request is malformed; a google.rpc.BadRequest lists
-    every bad field once (while they fit in 4 KiB of details;
-    then a last entry counts the rest), and nothing of the
-    request is stored. Bytes that do not parse as the
-    request message get it too, with a plain message and one
-    entry without a field. Not retryable.
-    ALREADY_EXISTS     the run_id is known with a different snapshot.
-    NOT_FOUND          no such run for this tenant (another tenant's run looks
-    exactly like a missing one).
-    FAILED_PRECONDITION the thread is busy and the policy is REJECT, a
-    StreamRun cannot be continued from after_seq, or the
-    run's last execution stopped before its end and a later
-    run continued it (its stream replays the log, then ends
-    so: no terminal event will ever come).
-    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo: too many runs, too many
-    calls in flight for this caller, too many streams
-    attached to this run (retry after the delay), or a
-    stream whose reader fell behind (delay 0: re-attach at
-    once with StreamRun(after_seq)). WITHOUT a RetryInfo: the
-    transport refused a message over its size limit (the
-    server's max_request_bytes plus 1 MiB); not retryable.
-    UNAUTHENTICATED    the caller's credentials are missing or wrong; decided
-    from the metadata before the request is read.
-    PERMISSION_DENIED  the caller may not act for the request's tenant.
-    UNAVAILABLE        the server is draining, or the run's execution stopped
-    before its end (a restart, a crash; a stream of such a
-    run replays its log, then ends so, never OK): send the
-    same StartRun again (on another replica when draining).
+    Errors are gRPC status codes with google.rpc details. Every error the server
+    sends on purpose carries a google.rpc.ErrorInfo in the domain "roundtable.v1"
+    whose reason (in brackets below) tells apart errors of one code:
+    INVALID_ARGUMENT   [INVALID_REQUEST] the request is malformed; a
+    google.rpc.BadRequest lists every bad field once (while
+    they fit in 4 KiB of details; then a last entry counts
+    the rest), and nothing of the request is stored.
+    [UNDECODABLE_REQUEST] the bytes do not parse as the
+    request message (one BadRequest entry without a field).
+    Not retryable.
+    ALREADY_EXISTS     [RUN_ALREADY_EXISTS] the run_id is known with a
+    different snapshot.
+    NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
+    tenant's run looks exactly like a missing one).
+    FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
+    REJECT. [STREAM_GAP] a StreamRun cannot be continued
+    from after_seq. [RUN_CONTINUED] the run's last execution
+    stopped before its end and a later run continued it (its
+    stream replays the log, then ends so).
+    RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
+    delay: [TOO_MANY_RUNS] runs executing in the process or
+    for the tenant, [TOO_MANY_CALLS] calls in flight for this
+    caller, [TOO_MANY_STREAMS] streams attached to this run,
+    [STREAM_OVERFLOW] a stream whose reader fell behind
+    (delay 0: re-attach at once with StreamRun(after_seq)).
+    WITHOUT an ErrorInfo or RetryInfo: the transport refused
+    a message over its size limit (the server's
+    max_request_bytes plus 1 MiB); not retryable.
+    UNAUTHENTICATED    [UNAUTHENTICATED] the caller's credentials are missing
+    or wrong; decided from the metadata before the request
+    is read.
+    PERMISSION_DENIED  [TENANT_FORBIDDEN] the caller may not act for the
+    request's tenant.
+    UNAVAILABLE        [DRAINING] the server is draining: send the same StartRun
+    to another replica. [RUN_ORPHANED] the run's execution
+    stopped before its end (its replica stopped, or a log
+    nobody closed): send the same StartRun, which resumes it.
+    INTERNAL           [INTERNAL] a bug; the message says no more.
     """
 
     @staticmethod
