@@ -161,6 +161,8 @@ class ModelError(RoundtableError):
     attempts: int = 1
     """Attempts this error ended (the harness's retry layer sets it when it gives up), so
     the next target's attempts are numbered on from there."""
+    http_status: int = 0
+    """The HTTP status the model server answered with, when it answered with an error."""
 
 
 class ModelTimeout(ModelError):

@@ -347,6 +347,6 @@ def _schema_refusal(error: ModelError | None) -> ModelError | None:
     """The error, when it is the server answering the schema request with an HTTP error
     status (a 4xx or a 5xx: llama.cpp answers a schema its grammar cannot take with 500),
     so JSON mode is worth a try; None for timeouts, 429s and unreachable servers."""
-    if isinstance(error, ModelRejected | ModelUnavailable) and error.detail.startswith("HTTP "):
+    if isinstance(error, ModelRejected | ModelUnavailable) and error.http_status:
         return error
     return None

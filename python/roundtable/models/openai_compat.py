@@ -71,13 +71,16 @@ def map_openai_error(exc: BaseException) -> ModelError | None:
         return ModelUnavailable(connection_cause(exc))
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
+        error: ModelError
         if status == 429:
-            limited = ModelRateLimited(http_status(status))
-            limited.retry_after_s = retry_after_s(exc.response.headers)
-            return limited
-        if status >= 500:
-            return ModelUnavailable(http_status(status))
-        return ModelRejected(http_status(status))
+            error = ModelRateLimited(http_status(status))
+            error.retry_after_s = retry_after_s(exc.response.headers)
+        elif status >= 500:
+            error = ModelUnavailable(http_status(status))
+        else:
+            error = ModelRejected(http_status(status))
+        error.http_status = status
+        return error
     if isinstance(exc, json.JSONDecodeError):
         # A stream frame that is not JSON (the SDK parses each SSE event itself): the
         # server broke mid-answer; another attempt may get a whole one.

@@ -21,6 +21,7 @@ form was used and why, never the model's text.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import OrderedDict
@@ -59,8 +60,13 @@ expand `{0,4000}` refuse MemoryProposals, "failed to parse grammar"), and they b
 a token cap does not."""
 
 
+@functools.cache
 def portable_schema(schema: type[BaseModel]) -> dict[str, Any]:
-    """The pydantic model's JSON schema in the portable form (see the module docstring)."""
+    """The pydantic model's JSON schema in the portable form (see the module docstring).
+
+    Made once per model class (a structured call sends it twice: in the response format and
+    in the prompt); callers only read it.
+    """
     full = schema.model_json_schema()
     portable: dict[str, Any] = _portable(full, full.get("$defs", {}))
     return portable
@@ -123,14 +129,18 @@ def with_instruction(
     Appended to the system message already there, not added as a second one: some chat
     templates refuse a system message anywhere but first.
     """
-    instruction = (
-        "Answer with one JSON object and nothing else, matching this JSON schema:\n"
-        + json.dumps(portable_schema(schema), ensure_ascii=False)
-    )
+    instruction = _instruction(schema)
     if messages and messages[0].role == "system":
         first = ChatMessage("system", f"{messages[0].content}\n\n{instruction}")
         return (first, *messages[1:])
     return (ChatMessage("system", instruction), *messages)
+
+
+@functools.cache
+def _instruction(schema: type[BaseModel]) -> str:
+    return "Answer with one JSON object and nothing else, matching this JSON schema:\n" + (
+        json.dumps(portable_schema(schema), ensure_ascii=False)
+    )
 
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL | re.IGNORECASE)
