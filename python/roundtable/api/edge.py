@@ -89,10 +89,6 @@ class CallLimiter:
         else:
             del self._held[caller.name]
 
-    def in_flight(self, caller: Caller) -> int:
-        """How many calls `caller` has in flight."""
-        return self._held.get(caller.name, 0)
-
 
 async def _abort(context: Any, error: RoundtableError) -> None:
     await context.abort_with_status(to_grpc_status(error))

@@ -510,7 +510,7 @@ class RunManager:
         """
         claimed = await self.store.continued_run(record.tenant, record.run_id)
         if claimed is not None:
-            steps = await self._steps_left(claimed)
+            steps, _ = await self._steps_left(claimed)
             return Continuation(run_id=claimed.run_id, steps=steps) if steps else None
         candidates = await self.store.resumable_runs(
             record.tenant,
@@ -519,12 +519,10 @@ class RunManager:
             limit=CONTINUE_LOOKBACK,
         )
         for earlier in candidates:
-            steps = await self._steps_left(earlier)
+            steps, last = await self._steps_left(earlier)
             if steps and await self.store.claim_continuation(
                 record.tenant, earlier.run_id, record.run_id
             ):
-                log = await self.store.read_events(earlier.tenant, earlier.run_id, 0)
-                last = epb.RunEvent.FromString(log[-1].body) if log else None
                 if last is not None and not _is_terminal(last):
                     # Killed mid-way, then continued: its log gets the end it never wrote.
                     # Not retryable: this run answers for it now. No owner fence: the
@@ -593,11 +591,16 @@ class RunManager:
         event = epb.RunEvent.FromString(last[-1].body)
         return event.WhichOneof("payload") == "run_failed" and event.run_failed.retryable
 
-    async def _steps_left(self, record: RunRecord) -> tuple[PlanStep, ...]:
+    async def _steps_left(
+        self, record: RunRecord
+    ) -> tuple[tuple[PlanStep, ...], epb.RunEvent | None]:
+        """The run's steps not yet finished, and the last event of its log (one read)."""
         progress = Progress()
+        event: epb.RunEvent | None = None
         for stored in await self.store.read_events(record.tenant, record.run_id, 0):
-            progress.observe(epb.RunEvent.FromString(stored.body))
-        return tuple(progress.steps_left)
+            event = epb.RunEvent.FromString(stored.body)
+            progress.observe(event)
+        return tuple(progress.steps_left), event
 
     async def _replay(self, record: RunRecord) -> Subscription:
         events = await self.store.read_events(record.tenant, record.run_id, 0)
