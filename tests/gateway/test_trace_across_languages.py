@@ -12,10 +12,10 @@ from support.gateway import (
     Turn,
     assert_one_trace,
     assert_summary_names_trace,
-    run_gateway_turn,
+    otel_env,
+    turn_through_a_sidecar,
 )
 from support.otlp import OtlpReceiver
-from support.process import ServerProcess
 
 pytestmark = [pytest.mark.go, pytest.mark.e2e]
 
@@ -25,18 +25,9 @@ async def test_gateway_span_and_roundtable_spans_share_one_trace(
 ) -> None:
     turn = Turn()
     with OtlpReceiver() as receiver:
-        otel = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_BSP_SCHEDULE_DELAY": "200",
-        }
-        sidecar = ServerProcess(tmp_path / "rt.db", tmp_path / "rt.log", env=otel)
-        await sidecar.start()
-        try:
-            summary = await run_gateway_turn(gateway_binary, sidecar.address, tmp_path, otel, turn)
-        finally:
-            sidecar.terminate()  # a graceful stop flushes the sidecar's spans
-            await sidecar.wait()
+        summary = await turn_through_a_sidecar(
+            gateway_binary, tmp_path, otel_env(receiver.endpoint), turn
+        )
         for _ in range(50):
             if any(s.name == RPC and s.service == "roundtable" for s in receiver.spans):
                 break

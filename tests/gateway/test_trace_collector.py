@@ -22,10 +22,10 @@ from support.gateway import (
     RPC,
     Turn,
     assert_one_trace,
-    run_gateway_turn,
+    otel_env,
+    turn_through_a_sidecar,
 )
 from support.otelcol import BINARY_ENV, Collector, collector_binary
-from support.process import ServerProcess
 
 pytestmark = [pytest.mark.go, pytest.mark.e2e, pytest.mark.collector]
 
@@ -50,19 +50,8 @@ async def test_one_trace_across_gateway_and_roundtable_in_a_real_collector(
     turn = Turn()
     collector = await Collector(otelcol, tmp_path / "otelcol").start()
     try:
-        otel = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
-            "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_BSP_SCHEDULE_DELAY": "200",
-            "OTEL_METRIC_EXPORT_INTERVAL": "500",
-        }
-        sidecar = ServerProcess(tmp_path / "rt.db", tmp_path / "rt.log", env=otel)
-        await sidecar.start()
-        try:
-            summary = await run_gateway_turn(gateway_binary, sidecar.address, tmp_path, otel, turn)
-        finally:
-            sidecar.terminate()  # a graceful stop exports the spans and metrics it holds
-            await sidecar.wait()
+        otel = otel_env(collector.endpoint, OTEL_METRIC_EXPORT_INTERVAL="500")
+        summary = await turn_through_a_sidecar(gateway_binary, tmp_path, otel, turn)
     finally:
         # The collector's graceful stop writes out all it received: both processes have
         # exported everything by now (each flushes when it stops).

@@ -161,8 +161,10 @@ async def test_memory_proposals_are_parsed_or_skipped_as_a_model_error(
     llama_server: LlamaServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Before defect 9's fix llama-server refused MemoryProposals' schema (HTTP 500, "failed
-    # to parse grammar") and every proposal was skipped as MODEL_UNAVAILABLE.
+    # Before defect 9's fix memory proposals were asked for as a forced tool call, which
+    # SmolLM2 answers in prose on llama-server (its chat template knows no tools), and
+    # every proposal was skipped; a server that cannot take a schema (llama-cpp-python's
+    # answers HTTP 500) made it MODEL_UNAVAILABLE. Now: parsed, or a model error.
     caplog.set_level(logging.INFO)
     request = single(
         "Remember that I prefer green tea, and that my name is Sam.",

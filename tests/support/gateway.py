@@ -51,6 +51,32 @@ async def run_gateway_turn(
     return dict(json.loads(line.removeprefix("SUMMARY ")))
 
 
+def otel_env(endpoint: str, **more: str) -> dict[str, str]:
+    """The OTEL_* variables both processes get: export to `endpoint` soon after each span."""
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        **more,
+    }
+
+
+async def turn_through_a_sidecar(
+    binary: Path, workdir: Path, otel: Mapping[str, str], turn: Turn
+) -> dict[str, Any]:
+    """Starts `roundtable serve` with `otel`, runs the gateway's turn against it, and stops
+    it gracefully (which exports the spans and metrics it still holds); the turn's SUMMARY."""
+    from support.process import ServerProcess
+
+    sidecar = ServerProcess(workdir / "rt.db", workdir / "rt.log", env=dict(otel))
+    await sidecar.start()
+    try:
+        return await run_gateway_turn(binary, sidecar.address, workdir, otel, turn)
+    finally:
+        sidecar.terminate()
+        await sidecar.wait()
+
+
 def assert_summary_names_trace(summary: Mapping[str, Any], trace_id: str) -> None:
     """The gateway's SUMMARY gives the trace id of its turn (a summary without one fails)."""
     assert summary.get("trace_id") == trace_id, (
