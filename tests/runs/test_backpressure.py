@@ -85,9 +85,7 @@ async def test_a_full_buffer_drops_deltas_then_ends_the_stream_on_a_durable_even
     assert all(sub.offer(event(i, "durable")) for i in (1, 2, 3))
     assert sub.offer(event(3, "delta")), "a delta that does not fit is dropped"
     assert sub.dropped_deltas == 1
-    assert not sub.offer(event(4, "durable")), (
-        "a durable event that does not fit ends it"
-    )
+    assert not sub.offer(event(4, "durable")), "a durable event that does not fit ends it"
     received = [e async for e in sub]
     assert received == [] and isinstance(sub.error, StreamOverflow) and not sub.reached_end
 
