@@ -206,7 +206,10 @@ _ENCODE: dict[type, Callable[[Any, epb.RunEvent], None]] = {
 
 def to_proto(run_id: str, seq: int, emitted_at: float, event: ev.Event) -> epb.RunEvent:
     """The RunEvent envelope of a domain event."""
-    out = epb.RunEvent(run_id=run_id, seq=seq, emitted_at=timestamp(emitted_at))
+    out = epb.RunEvent(run_id=run_id, seq=seq)
+    # Set in place: building a Timestamp and copying it in costs about 1 µs more an event.
+    whole, at = int(emitted_at), out.emitted_at
+    at.seconds, at.nanos = whole, int((emitted_at - whole) * 1e9)
     _ENCODE[type(event)](event, out)
     return out
 
