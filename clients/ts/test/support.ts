@@ -220,17 +220,25 @@ export const ROSTER = [
   { memberId: "kai", displayName: "Kai", persona: "A sceptic who always asks what could go wrong." },
 ] as const;
 
-/** A group-chat snapshot with the demo roster. */
-export function groupSnapshot(text: string): Snapshot {
+/**
+ * A group-chat snapshot with the demo roster, answered by the offline model; `latencyMs`
+ * makes each model call wait that long before its first token (the model's knob), so a
+ * test can act while the run is live.
+ */
+export function groupSnapshot(text: string, latencyMs = 0): Snapshot {
+  const defaultModel =
+    latencyMs > 0
+      ? { target: { provider: "offline", model: "roundtable-offline", baseUrl: `offline:?latency_ms=${latencyMs}` } }
+      : undefined;
   return create(SnapshotSchema, {
-    session: { sessionId: "ts-conformance", kind: SessionKind.GROUP, primaryMemberId: "lin" },
+    session: { sessionId: "ts-conformance", kind: SessionKind.GROUP, primaryMemberId: "lin", defaultModel },
     members: ROSTER.map((m) => ({ ...m, styleRules: ["Keep it short."] })),
     userTurn: { text },
   });
 }
 
 /** A StartRunRequest for a new run of one turn. */
-export function turnRequest(text: string, tenant = "ts-tests", snapshot = groupSnapshot(text)): StartRunRequest {
+export function turnRequest(text: string, tenant = "ts-tests", snapshot = groupSnapshot(text, 0)): StartRunRequest {
   const id = randomBytes(6).toString("hex");
   return create(StartRunRequestSchema, {
     context: { runId: `ts-${id}`, threadId: `thread-${id}`, requestId: `req-${id}`, tenant },
