@@ -18,6 +18,11 @@
  * - At most `maxAttempts` calls in a row may bring no progress (no new durable event other
  *   than run_started or a terminal one); then the last error is thrown, or, when the last
  *   call ended with a resumable terminal event, the iteration ends with that event.
+ * - The wait before a call: after a call that brought progress, none (re-attach at once);
+ *   after calls the sidecar never answered (refused, cut before any message), a backoff
+ *   from `initialBackoffMs` doubling per such call up to `maxBackoffMs`, jittered into its
+ *   upper half; before resending StartRun for a resumable terminal event, at least the
+ *   first backoff; a RetryInfo's delay replaces the backoff.
  */
 
 import { Code } from "@connectrpc/connect";
@@ -27,7 +32,7 @@ import { Reason, RoundtableError } from "./errors.js";
 export interface RetryPolicy {
   /**
    * The most calls (StartRun or StreamRun) in a row that bring no progress, the first call
-   * included; 1 means no retry. Default 6.
+   * included; 1 means no retry. Default 8 (with the default backoff, about 10 s of a sidecar that does not answer).
    */
   readonly maxAttempts: number;
   /** The first backoff, in milliseconds; it doubles with each call in a row without progress. Default 200. */
@@ -45,7 +50,7 @@ export interface RetryPolicy {
 
 /** The defaults of {@link RetryPolicy}. */
 export const DEFAULT_RETRY_POLICY: Readonly<RetryPolicy> = Object.freeze({
-  maxAttempts: 6,
+  maxAttempts: 8,
   initialBackoffMs: 200,
   maxBackoffMs: 5000,
   resendStartRun: true,
@@ -73,6 +78,8 @@ export interface Outcome {
   readonly terminal: Terminal | undefined;
   /** Calls in a row that brought no progress, this one included (0: this one did). */
   readonly failures: number;
+  /** Calls in a row the sidecar never answered (no message), this one included. */
+  readonly unanswered: number;
   /** A StartRun is owed: the run's execution stopped and nothing has resumed it yet. */
   readonly mustStart: boolean;
 }
@@ -133,13 +140,15 @@ export function backoffMs(policy: RetryPolicy, failures: number, random: () => n
 
 /** Decides what follows a call: the turn is done, failed, or goes on with another call. */
 export function decide(outcome: Outcome, policy: RetryPolicy, random: () => number = Math.random): Decision {
-  const { terminal, failures } = outcome;
+  const { terminal, failures, unanswered } = outcome;
   if (terminal !== undefined) {
-    // The run's (latest) execution ended; an error after it is the stream closing.
+    // The run's (latest) execution ended; an error after it is the stream closing, or the
+    // resent StartRun not getting through.
     if (!terminal.resumable || !policy.resendStartRun || failures >= policy.maxAttempts) {
       return { action: "done" };
     }
-    return { action: "retry", call: "startRun", delayMs: backoffMs(policy, failures, random), cause: terminal.summary };
+    const cause = outcome.error === undefined ? terminal.summary : `${terminal.summary}; ${outcome.error.toString()}`;
+    return { action: "retry", call: "startRun", delayMs: backoffMs(policy, Math.max(unanswered, 1), random), cause };
   }
   const error = outcome.error ?? endedEarly();
   if (!error.retryable) {
@@ -153,6 +162,6 @@ export function decide(outcome: Outcome, policy: RetryPolicy, random: () => numb
     return { action: "fail", error };
   }
   const call: Call = restart || outcome.mustStart || outcome.lastSeq === 0n ? "startRun" : "streamRun";
-  const delayMs = error.retryDelayMs ?? backoffMs(policy, failures, random);
+  const delayMs = error.retryDelayMs ?? backoffMs(policy, unanswered, random);
   return { action: "retry", call, delayMs, cause: error.toString() };
 }

@@ -33,7 +33,7 @@ export interface RetryNotice {
   readonly afterSeq: bigint;
   /** How long runTurn waits before the call, in milliseconds. */
   readonly delayMs: number;
-  /** Calls in a row without progress so far. */
+  /** Calls in a row without progress so far (see RetryPolicy.maxAttempts). */
   readonly failures: number;
   /** Why: the error, or the resumable terminal event. */
   readonly cause: string;
@@ -88,6 +88,7 @@ export async function* runTurn(
   let lastSeq = 0n;
   let terminal: Terminal | undefined;
   let failures = 0;
+  let unanswered = 0;
   let call: Call = "startRun";
   for (;;) {
     const controller = new AbortController();
@@ -95,7 +96,7 @@ export async function* runTurn(
     options.signal?.addEventListener("abort", abort, { once: true });
     const callOptions: CallOptions = { signal: controller.signal, headers: options.headers };
     let progressed = false;
-    let received = false; // a StartRun that got an answer has reached the sidecar
+    let received = false; // the sidecar answered: a StartRun reached it
     let error: RoundtableError | undefined;
     try {
       throwIfAborted(options.signal);
@@ -134,7 +135,9 @@ export async function* runTurn(
       controller.abort(); // closes the stream, whatever ended it
     }
     failures = progressed ? 0 : failures + 1;
-    const decision = decide({ error, lastSeq, terminal, failures, mustStart: call === "startRun" && !received }, policy);
+    unanswered = received ? 0 : unanswered + 1;
+    const mustStart = call === "startRun" && !received;
+    const decision = decide({ error, lastSeq, terminal, failures, unanswered, mustStart }, policy);
     if (decision.action === "done") {
       return;
     }

@@ -54,7 +54,7 @@ export class Sidecar {
 
   private constructor(
     readonly dir: string,
-    readonly port: number,
+    public port: number,
     readonly args: readonly string[],
   ) {
     this.db = join(dir, "roundtable.db");
@@ -72,9 +72,13 @@ export class Sidecar {
     return `127.0.0.1:${this.port}`;
   }
 
-  /** Starts the process again (same port, same database) and waits until it serves. */
-  async restart(waitMs = 30_000): Promise<void> {
+  /**
+   * Starts the process again (same database; same port unless another is given) and waits
+   * until it serves.
+   */
+  async restart(port = this.port, waitMs = 30_000): Promise<void> {
     assert.equal(this.child, undefined, "the sidecar is still running");
+    this.port = port;
     this.starts += 1;
     const marker = `roundtable serving on 127.0.0.1:${this.port}`;
     const log = openSync(this.logPath, "a");
@@ -108,7 +112,12 @@ export class Sidecar {
     const child = this.child;
     assert.ok(child !== undefined, "the sidecar is not running");
     child.kill(signal);
-    const code = await Promise.race([this.exited, sleep(waitMs).then(() => "timeout" as const)]);
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<"timeout">((ok) => {
+      timer = setTimeout(() => ok("timeout"), waitMs);
+    });
+    const code = await Promise.race([this.exited, timeout]);
+    clearTimeout(timer);
     if (code === "timeout") {
       child.kill("SIGKILL");
       await this.exited;
@@ -149,7 +158,7 @@ export class CuttingProxy {
    * bytes went through it.
    */
   private constructor(
-    private readonly upstreamPort: number,
+    private upstreamPort: number,
     private readonly cutAfterBytes: readonly (number | undefined)[],
   ) {
     this.server = createServer((client) => this.accept(client));
@@ -158,11 +167,30 @@ export class CuttingProxy {
   static async start(upstreamPort: number, cutAfterBytes: readonly (number | undefined)[] = []): Promise<CuttingProxy> {
     const proxy = new CuttingProxy(upstreamPort, cutAfterBytes);
     await new Promise<void>((ok) => proxy.server.listen(0, "127.0.0.1", ok));
+    proxy.port = (proxy.server.address() as AddressInfo).port;
     return proxy;
   }
 
+  /** The proxy's own port, kept across pause() and resume(). */
+  port = 0;
+
   get address(): string {
-    return `127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+    return `127.0.0.1:${this.port}`;
+  }
+
+  /** Stops listening and drops every connection: callers get connection refused. */
+  async pause(): Promise<void> {
+    const closed = new Promise<void>((ok) => this.server.close(() => ok()));
+    for (const socket of this.open) {
+      socket.destroy();
+    }
+    await closed;
+  }
+
+  /** Listens again on the same port, forwarding to `upstreamPort`. */
+  async resume(upstreamPort: number): Promise<void> {
+    this.upstreamPort = upstreamPort;
+    await new Promise<void>((ok) => this.server.listen(this.port, "127.0.0.1", ok));
   }
 
   /** Cuts every open connection now (both sides see a reset). */
@@ -177,7 +205,9 @@ export class CuttingProxy {
     for (const socket of this.open) {
       socket.destroy();
     }
-    await new Promise<void>((ok) => this.server.close(() => ok()));
+    if (this.server.listening) {
+      await new Promise<void>((ok) => this.server.close(() => ok()));
+    }
   }
 
   private accept(client: Socket): void {
@@ -274,6 +304,15 @@ export function finalsOnce(events: readonly RunEvent[]): Map<string, string> {
 /** The payload kinds and seqs of durable events, to compare two deliveries of a log. */
 export function shape(events: readonly RunEvent[]): string[] {
   return durable(events).map((e) => `${e.seq}:${e.payload.case}`);
+}
+
+const started = Date.now();
+
+/** Prints a line with the milliseconds since the test file started, when DEBUG_TS is set. */
+export function debug(line: string): void {
+  if (process.env.DEBUG_TS) {
+    console.log(`${Date.now() - started} ms ${line}`);
+  }
 }
 
 export function sleep(ms: number): Promise<void> {
