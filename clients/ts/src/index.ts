@@ -9,7 +9,7 @@
 
 export { CONTRACT_VERSION, ERROR_DOMAIN, Reason, RoundtableError, codeName, toRoundtableError } from "./errors.js";
 export type { FieldViolation, RoundtableErrorInit } from "./errors.js";
-export { DEFAULT_RETRY_POLICY, SHUTDOWN_REASON, backoffMs, decide } from "./policy.js";
+export { DEFAULT_RETRY_POLICY, SHUTDOWN_REASON, backoffMs, checkPolicy, decide } from "./policy.js";
 export type { Call, Decision, Outcome, RetryPolicy, Terminal } from "./policy.js";
 export { runTurn, terminalOf } from "./turn.js";
 export type { RetryNotice, StartRunInput, TurnOptions } from "./turn.js";
