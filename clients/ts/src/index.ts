@@ -19,4 +19,6 @@ export * from "./gen/roundtable/v1/events_pb.js";
 export * from "./gen/roundtable/v1/snapshot_pb.js";
 export * from "./gen/roundtable/v1/orchestrator_service_pb.js";
 export { Code } from "@connectrpc/connect";
-export { create, toJson, fromJson } from "@bufbuild/protobuf";
+export { create, toJson, fromJson, toJsonString } from "@bufbuild/protobuf";
+export { timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
+export type { Interceptor } from "@connectrpc/connect";
