@@ -155,8 +155,11 @@ export class RoundtableError extends Error {
   }
 }
 
-/** `Code.ResourceExhausted` → `RESOURCE_EXHAUSTED`. */
+/** `Code.ResourceExhausted` → `RESOURCE_EXHAUSTED`: gRPC's canonical names. */
 export function codeName(code: Code): string {
+  if (code === Code.Canceled) {
+    return "CANCELLED"; // gRPC spells it with two Ls
+  }
   const name = Code[code] as string | undefined;
   return name === undefined ? String(code) : name.replace(/([a-z])([A-Z])/g, "$1_$2").toUpperCase();
 }

@@ -144,11 +144,19 @@ export function decide(outcome: Outcome, policy: RetryPolicy, random: () => numb
   if (terminal !== undefined) {
     // The run's (latest) execution ended; an error after it is the stream closing, or the
     // resent StartRun not getting through.
-    if (!terminal.resumable || !policy.resendStartRun || failures >= policy.maxAttempts) {
+    if (!terminal.resumable || !policy.resendStartRun) {
       return { action: "done" };
     }
-    const cause = outcome.error === undefined ? terminal.summary : `${terminal.summary}; ${outcome.error.toString()}`;
-    return { action: "retry", call: "startRun", delayMs: backoffMs(policy, Math.max(unanswered, 1), random), cause };
+    const error = outcome.error;
+    if (error !== undefined && !error.retryable) {
+      return { action: "fail", error }; // the resume was refused (RUN_CONTINUED, say)
+    }
+    if (failures >= policy.maxAttempts) {
+      return { action: "done" };
+    }
+    const cause = error === undefined ? terminal.summary : `${terminal.summary}; ${error.toString()}`;
+    const delayMs = error?.retryDelayMs ?? backoffMs(policy, Math.max(unanswered, 1), random);
+    return { action: "retry", call: "startRun", delayMs, cause };
   }
   const error = outcome.error ?? endedEarly();
   if (!error.retryable) {

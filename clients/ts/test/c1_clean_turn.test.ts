@@ -2,8 +2,8 @@
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
-import { RoundtableClient, RunStatus, type RunEvent } from "../src/index.js";
-import { assertExactlyOnceInOrder, durable, finalsOnce, shape, Sidecar, tempDir, turnRequest } from "./support.js";
+import { CancelOutcome, RoundtableClient, RunStatus, type RetryNotice, type RunEvent } from "../src/index.js";
+import { assertExactlyOnceInOrder, durable, finalsOnce, groupSnapshot, shape, Sidecar, tempDir, turnRequest } from "./support.js";
 
 const dir = tempDir("c1");
 let sidecar: Sidecar;
@@ -44,4 +44,29 @@ test("C1 clean turn: count-off yields run_started … run_completed, each seq on
     if (r.event) replay.push(r.event);
   }
   assert.deepEqual(shape(events), shape(replay));
+});
+
+test("cancelRun mid-turn: the turn ends with run_cancelled, not resumed; getRun says CANCELLED", async () => {
+  const client = new RoundtableClient({ address: sidecar.address });
+  const request = turnRequest("大家报数！", "ts-tests", groupSnapshot("大家报数！", 200));
+  const ref = { runId: request.context!.runId, tenant: "ts-tests" };
+  const events: RunEvent[] = [];
+  const notices: RetryNotice[] = [];
+  for await (const event of client.runTurn(request, { onRetry: (n) => notices.push(n) })) {
+    events.push(event);
+    if (event.payload.case === "assistantFinal" && finalsOnce(events).size === 1) {
+      const answer = await client.cancelRun({ ...ref, reason: "user pressed stop" });
+      assert.equal(answer.outcome, CancelOutcome.REQUESTED);
+    }
+  }
+  const last = durable(events).at(-1);
+  assert.equal(last?.payload.case, "runCancelled");
+  assert.equal(last.payload.case === "runCancelled" && last.payload.value.reason, "user pressed stop");
+  assert.deepEqual(notices, []); // someone cancelled it: nothing to resume
+  assert.ok(finalsOnce(events).size < 4);
+  const run = await client.getRun(ref);
+  assert.equal(run.status, RunStatus.CANCELLED);
+  assert.equal(run.lastSeq, last.seq);
+  const again = await client.cancelRun(ref);
+  assert.equal(again.outcome, CancelOutcome.ALREADY_ENDED);
 });

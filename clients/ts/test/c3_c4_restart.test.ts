@@ -104,3 +104,26 @@ test("C4 graceful shutdown (SIGTERM) mid-turn then restart: StartRun resent, eac
   assert.ok(cancelled?.payload.case === "runCancelled");
   assert.equal(cancelled.payload.value.reason, "server_shutdown");
 });
+
+test("C4 with resendStartRun false: the turn ends with run_cancelled server_shutdown, nothing resent", async () => {
+  const dir = tempDir("c4-no-resend");
+  cleanups.push(dir.remove);
+  const sidecar = await Sidecar.start(dir.path, ["--grace-seconds", "5"]);
+  cleanups.push(() => sidecar.stop());
+  const client = new RoundtableClient({ address: sidecar.address });
+  const request = turnRequest("大家报数！", "ts-tests", groupSnapshot("大家报数！", 300));
+  const events: RunEvent[] = [];
+  const notices: RetryNotice[] = [];
+  let stopped: Promise<number | null> | undefined;
+  for await (const event of client.runTurn(request, { resendStartRun: false, onRetry: (n) => notices.push(n) })) {
+    events.push(event);
+    if (stopped === undefined && finalsOnce(events).size === 2) {
+      stopped = sidecar.signal("SIGTERM");
+    }
+  }
+  assert.equal(await stopped, 0);
+  const last = durable(events).at(-1);
+  assert.equal(last?.payload.case, "runCancelled");
+  assert.equal(last.payload.case === "runCancelled" && last.payload.value.reason, "server_shutdown");
+  assert.deepEqual(notices.filter((n) => n.call === "startRun"), []);
+});

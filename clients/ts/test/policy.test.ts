@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { Code } from "@connectrpc/connect";
-import { backoffMs, checkPolicy, decide, DEFAULT_RETRY_POLICY, type Outcome, Reason, RoundtableError } from "../src/index.js";
+import { backoffMs, checkPolicy, codeName, decide, DEFAULT_RETRY_POLICY, type Outcome, Reason, RoundtableError } from "../src/index.js";
 
 const policy = DEFAULT_RETRY_POLICY;
 const half = (): number => 0.5;
@@ -42,6 +42,11 @@ test("policy: resumable terminal events resend StartRun; others end the turn", (
   assert.deepEqual(decide(outcome({ terminal: shutdown }), { ...policy, resendStartRun: false }), { action: "done" });
   assert.deepEqual(decide(outcome({ terminal: shutdown, failures: 8 }), policy), { action: "done" });
   assert.deepEqual(decide(outcome({ terminal: completed, error: err(Code.Unavailable) }), policy), { action: "done" });
+  // A resend that gets through to a refusal stops there; a busy sidecar is waited for.
+  const continued = err(Code.FailedPrecondition, Reason.RUN_CONTINUED);
+  assert.deepEqual(decide(outcome({ terminal: shutdown, error: continued }), policy), { action: "fail", error: continued });
+  const busy = err(Code.ResourceExhausted, Reason.TOO_MANY_RUNS, 1000);
+  assert.equal((decide(outcome({ terminal: shutdown, error: busy }), policy, half) as { delayMs: number }).delayMs, 1000);
 });
 
 test("policy: RESOURCE_EXHAUSTED waits its RetryInfo; without one it is the size limit, thrown", () => {
@@ -72,6 +77,13 @@ test("policy: errors the server judged are thrown at once; maxAttempts bounds th
   const cut = err(Code.Unavailable);
   assert.deepEqual(decide(outcome({ error: cut, failures: 8 }), policy), { action: "fail", error: cut });
   assert.equal(decide(outcome({ error: cut, failures: 7 }), policy).action, "retry");
+});
+
+test("errors: gRPC's status names", () => {
+  assert.equal(codeName(Code.ResourceExhausted), "RESOURCE_EXHAUSTED");
+  assert.equal(codeName(Code.Canceled), "CANCELLED");
+  assert.equal(codeName(Code.InvalidArgument), "INVALID_ARGUMENT");
+  assert.equal(err(Code.Unavailable, Reason.DRAINING).toString(), "RoundtableError: UNAVAILABLE DRAINING: m");
 });
 
 test("policy: backoff doubles per unanswered call, capped, jittered into its upper half", () => {
