@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer, type AddressInfo } from "node:net";
+import { connect, createServer, type AddressInfo, type Server, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -67,20 +67,60 @@ async function stopProcess(child: ChildProcess): Promise<void> {
 }
 
 /** Starts a sidecar on a free port; `env` adds variables (OTEL_*). */
-async function sidecar(name: string, env: NodeJS.ProcessEnv = {}): Promise<{ address: string; child: ChildProcess }> {
+async function sidecar(name: string, env: NodeJS.ProcessEnv = {}, args: string[] = []): Promise<{ address: string; port: number; child: ChildProcess }> {
   const port = await freePort();
   const { child } = await startProcess(
     ROUNDTABLE_BIN,
-    ["serve", "--listen", `127.0.0.1:${port}`, "--store", `sqlite:///${join(dir, `${name}.db`)}`],
+    ["serve", "--listen", `127.0.0.1:${port}`, "--store", `sqlite:///${join(dir, `${name}.db`)}`, ...args],
     /roundtable serving on/,
     env,
   );
-  return { address: `127.0.0.1:${port}`, child };
+  return { address: `127.0.0.1:${port}`, port, child };
+}
+
+/**
+ * A loopback forwarder at a fixed port in front of a sidecar that restarts on another port
+ * (a SIGTERMed sidecar's own port can sit in TIME-WAIT): closed while the sidecar is down.
+ */
+class Forwarder {
+  private readonly sockets = new Set<Socket>();
+  private readonly server: Server = createServer((client) => {
+    const upstream = connect(this.upstream, "127.0.0.1");
+    for (const [a, b] of [[client, upstream], [upstream, client]] as const) {
+      this.sockets.add(a);
+      a.pipe(b);
+      a.on("error", () => b.destroy()).on("close", () => {
+        this.sockets.delete(a);
+        b.destroy();
+      });
+    }
+  });
+  port = 0;
+
+  constructor(private upstream: number) {}
+
+  async listen(port = 0): Promise<void> {
+    await new Promise<void>((ok) => this.server.listen(port, "127.0.0.1", ok));
+    this.port = (this.server.address() as AddressInfo).port;
+  }
+
+  async pause(): Promise<void> {
+    const closed = new Promise<void>((ok) => this.server.close(() => ok()));
+    this.sockets.forEach((s) => s.destroy());
+    await closed;
+  }
+
+  async resume(upstream: number): Promise<void> {
+    this.upstream = upstream;
+    await this.listen(this.port);
+  }
 }
 
 interface Summary {
   run_id: string;
   status: string;
+  resumed: boolean;
+  restarts: number;
   replies: { reply_id: string; content: string; persisted: boolean }[];
   accepted_memories: { member_id: string; content: string; memory_id: string }[];
   rejected_memories: { member_id: string; reason: string }[];
@@ -102,7 +142,7 @@ function gateway(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: n
   });
 }
 
-let server: { address: string; child: ChildProcess };
+let server: { address: string; port: number; child: ChildProcess };
 const db = join(dir, "gateway-db.json");
 
 before(async () => {
@@ -149,6 +189,49 @@ test("gateway-ts: an @mention's memory is accepted once, then rejected as a dupl
   assert.equal(second.code, 0, second.stderr);
   assert.deepEqual(second.summary.accepted_memories, []);
   assert.match(second.summary.rejected_memories[0]?.reason ?? "", /duplicate of memory mem-/);
+});
+
+test("gateway-ts: the sidecar shuts down mid-turn and comes back; the turn completes, each reply stored once", async () => {
+  // The demo roster with a model that takes 300 ms a reply, so the turn is live when it stops.
+  const file = join(dir, "slow-snapshot.json");
+  writeFileSync(file, JSON.stringify({
+    session: {
+      sessionId: "slow", kind: "SESSION_KIND_GROUP", primaryMemberId: "lin",
+      defaultModel: { target: { provider: "offline", model: "roundtable-offline", baseUrl: "offline:?latency_ms=300" } },
+    },
+    members: ["Lin", "Bo", "Mei", "Kai"].map((name) => ({ memberId: name.toLowerCase(), displayName: name })),
+  }));
+  let current = await sidecar("resume", {}, ["--grace-seconds", "5"]);
+  const front = new Forwarder(current.port);
+  await front.listen();
+  const child = spawn("node", [MAIN, "--target", `127.0.0.1:${front.port}`, "--db", db, "--snapshot", file, "--text", "大家报数！", "--max-attempts", "12"], { stdio: ["ignore", "pipe", "pipe"] });
+  children.push(child);
+  let stdout = "";
+  let restarted: Promise<void> | undefined;
+  child.stdout.on("data", (chunk: Buffer) => {
+    stdout += chunk.toString();
+    if (restarted === undefined && (stdout.match(/✓ persisted/g) ?? []).length === 2) {
+      restarted = (async () => {
+        await stopProcess(current.child); // SIGTERM: the run stops at its next speaker boundary
+        await front.pause();
+        current = await sidecar("resume", {}, ["--grace-seconds", "5"]);
+        await front.resume(current.port);
+      })();
+    }
+  });
+  const code = await new Promise<number | null>((ok) => child.once("exit", ok));
+  await restarted;
+  await front.pause();
+  assert.equal(code, 0, stdout);
+  const summary = JSON.parse(stdout.split("\n").find((l) => l.startsWith("SUMMARY "))!.slice(8)) as Summary;
+  assert.equal(summary.status, "completed");
+  assert.equal(summary.resumed, true);
+  assert.ok(summary.restarts >= 1, "the library never resent StartRun");
+  assert.match(stdout, /── cancelled \(server_shutdown\)/);
+  assert.match(stdout, /── run started \(resumed\)/);
+  assert.deepEqual(summary.replies.map((r) => /\d+/.exec(r.content)?.[0]), ["1", "2", "3", "4"]);
+  assert.equal(storedReplies(summary.run_id).length, 4);
+  assert.equal(summary.duplicate_finals, 0); // the library yields each final once
 });
 
 test("gateway-ts: a bad snapshot is a typed INVALID_ARGUMENT naming its fields", async () => {
