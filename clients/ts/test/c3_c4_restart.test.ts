@@ -49,12 +49,12 @@ async function turnAcrossRestart(stop: (sidecar: Sidecar) => Promise<void>): Pro
   const events: RunEvent[] = [];
   const notices: RetryNotice[] = [];
   let restarted: Promise<void> | undefined;
-  // Enough attempts to span a restart (~2-3 s here): 200, 400, 800, 1600, 3200, 5000 ms.
+  // Enough attempts to span a restart (~2-5 s here), polled at least once a second.
   const onRetry = (n: RetryNotice): void => {
     notices.push(n);
     debug(`retry ${n.call} after_seq=${n.afterSeq} in ${n.delayMs} ms: ${n.cause}`);
   };
-  for await (const event of client.runTurn(request, { maxAttempts: 10, onRetry })) {
+  for await (const event of client.runTurn(request, { maxAttempts: 20, maxBackoffMs: 1000, onRetry })) {
     debug(`${event.seq} ${event.payload.case}`);
     events.push(event);
     if (restarted === undefined && events.filter((e) => e.payload.case === "assistantFinal").length === 2) {
