@@ -117,7 +117,7 @@ breaking: ## buf breaking check of proto/ against the previous commit
 	  $(BUF) breaking --against '.git#ref=HEAD~1,subdir=proto' && echo "no breaking change against HEAD~1"; \
 	else echo "no previous commit to compare with"; fi
 
-bench: venv ## Benchmarks B1-B7 (~10 min): bench/results/latest.{md,json}
+bench: venv ## Benchmarks B1-B7 and B9 (~10 min): bench/results/latest.{md,json}
 	bench/run.sh $(ARGS)
 
 bench-quick: venv ## Benchmarks, quick mode (CI smoke, ~2 min; figures not asserted)
