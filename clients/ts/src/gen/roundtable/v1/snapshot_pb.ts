@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roundtable/v1/snapshot.proto.
  */
 export const file_roundtable_v1_snapshot: GenFile = /*@__PURE__*/
-  fileDesc("Chxyb3VuZHRhYmxlL3YxL3NuYXBzaG90LnByb3RvEg1yb3VuZHRhYmxlLnYxIlMKClJ1bkNvbnRleHQSDgoGcnVuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRISCgpyZXF1ZXN0X2lkGAMgASgJEg4KBnRlbmFudBgEIAEoCSK3AQoIU25hcHNob3QSJwoHc2Vzc2lvbhgBIAEoCzIWLnJvdW5kdGFibGUudjEuU2Vzc2lvbhImCgdtZW1iZXJzGAIgAygLMhUucm91bmR0YWJsZS52MS5NZW1iZXISLgoHaGlzdG9yeRgDIAMoCzIdLnJvdW5kdGFibGUudjEuSGlzdG9yeU1lc3NhZ2USKgoJdXNlcl90dXJuGAQgASgLMhcucm91bmR0YWJsZS52MS5Vc2VyVHVybiK7AQoHU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEigKBGtpbmQYAiABKA4yGi5yb3VuZHRhYmxlLnYxLlNlc3Npb25LaW5kEhkKEXByaW1hcnlfbWVtYmVyX2lkGAMgASgJEi4KDWRlZmF1bHRfbW9kZWwYBCABKAsyFy5yb3VuZHRhYmxlLnYxLk1vZGVsUmVmEicKB2J1ZGdldHMYBSABKAsyFi5yb3VuZHRhYmxlLnYxLkJ1ZGdldHMiawoHQnVkZ2V0cxIUCgxtYXhfc3BlYWtlcnMYASABKA0SEgoKbWF4X3JvdW5kcxgCIAEoDRIZChFtYXhfb3V0cHV0X3Rva2VucxgDIAEoDRIbChNydW5fdGltZW91dF9zZWNvbmRzGAQgASgNIqMBCghNb2RlbFJlZhIqCgZ0YXJnZXQYASABKAsyGi5yb3VuZHRhYmxlLnYxLk1vZGVsVGFyZ2V0Ei0KCWZhbGxiYWNrcxgCIAMoCzIaLnJvdW5kdGFibGUudjEuTW9kZWxUYXJnZXQSGAoLdGVtcGVyYXR1cmUYAyABKAFIAIgBARISCgp0aW1lb3V0X21zGAQgASgNQg4KDF90ZW1wZXJhdHVyZSJYCgtNb2RlbFRhcmdldBIQCghwcm92aWRlchgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghiYXNlX3VybBgDIAEoCRIWCg5jcmVkZW50aWFsX3JlZhgEIAEoCSLfAQoGTWVtYmVyEhEKCW1lbWJlcl9pZBgBIAEoCRIUCgxkaXNwbGF5X25hbWUYAiABKAkSDwoHYWxpYXNlcxgDIAMoCRIPCgdwZXJzb25hGAQgASgJEhMKC3N0eWxlX3J1bGVzGAUgAygJEiYKBW1vZGVsGAYgASgLMhcucm91bmR0YWJsZS52MS5Nb2RlbFJlZhIkCgZza2lsbHMYByADKAsyFC5yb3VuZHRhYmxlLnYxLlNraWxsEicKCG1lbW9yaWVzGAggAygLMhUucm91bmR0YWJsZS52MS5NZW1vcnkiPQoFU2tpbGwSEAoIc2tpbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxpbnN0cnVjdGlvbnMYAyABKAkicAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIPCgdjb250ZW50GAIgASgJEhIKCmltcG9ydGFuY2UYAyABKAISLgoKdXBkYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiogEKDkhpc3RvcnlNZXNzYWdlEhIKCm1lc3NhZ2VfaWQYASABKAkSKAoEcm9sZRgCIAEoDjIaLnJvdW5kdGFibGUudjEuTWVzc2FnZVJvbGUSEQoJbWVtYmVyX2lkGAMgASgJEg8KB2NvbnRlbnQYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiUwoIVXNlclR1cm4SEgoKbWVzc2FnZV9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEhAKCG1lbnRpb25zGAMgAygJEhMKC21lbnRpb25fYWxsGAQgASgIKlwKC1Nlc3Npb25LaW5kEhwKGFNFU1NJT05fS0lORF9VTlNQRUNJRklFRBAAEhcKE1NFU1NJT05fS0lORF9TSU5HTEUQARIWChJTRVNTSU9OX0tJTkRfR1JPVVAQAipeCgtNZXNzYWdlUm9sZRIcChhNRVNTQUdFX1JPTEVfVU5TUEVDSUZJRUQQABIVChFNRVNTQUdFX1JPTEVfVVNFUhABEhoKFk1FU1NBR0VfUk9MRV9BU1NJU1RBTlQQAkJIWkZnaXRodWIuY29tL3JvdW5kdGFibGUvcm91bmR0YWJsZS9jbGllbnRzL2dvL3JvdW5kdGFibGUvdjE7cm91bmR0YWJsZXYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("Chxyb3VuZHRhYmxlL3YxL3NuYXBzaG90LnByb3RvEg1yb3VuZHRhYmxlLnYxIlMKClJ1bkNvbnRleHQSDgoGcnVuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRISCgpyZXF1ZXN0X2lkGAMgASgJEg4KBnRlbmFudBgEIAEoCSK3AQoIU25hcHNob3QSJwoHc2Vzc2lvbhgBIAEoCzIWLnJvdW5kdGFibGUudjEuU2Vzc2lvbhImCgdtZW1iZXJzGAIgAygLMhUucm91bmR0YWJsZS52MS5NZW1iZXISLgoHaGlzdG9yeRgDIAMoCzIdLnJvdW5kdGFibGUudjEuSGlzdG9yeU1lc3NhZ2USKgoJdXNlcl90dXJuGAQgASgLMhcucm91bmR0YWJsZS52MS5Vc2VyVHVybiL7AQoHU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEigKBGtpbmQYAiABKA4yGi5yb3VuZHRhYmxlLnYxLlNlc3Npb25LaW5kEhkKEXByaW1hcnlfbWVtYmVyX2lkGAMgASgJEi4KDWRlZmF1bHRfbW9kZWwYBCABKAsyFy5yb3VuZHRhYmxlLnYxLk1vZGVsUmVmEicKB2J1ZGdldHMYBSABKAsyFi5yb3VuZHRhYmxlLnYxLkJ1ZGdldHMSPgoTc3BlYWtlcl9jb25jdXJyZW5jeRgGIAEoDjIhLnJvdW5kdGFibGUudjEuU3BlYWtlckNvbmN1cnJlbmN5IooBCgdCdWRnZXRzEhQKDG1heF9zcGVha2VycxgBIAEoDRISCgptYXhfcm91bmRzGAIgASgNEhkKEW1heF9vdXRwdXRfdG9rZW5zGAMgASgNEhsKE3J1bl90aW1lb3V0X3NlY29uZHMYBCABKA0SHQoVbWF4X3BhcmFsbGVsX3NwZWFrZXJzGAUgASgNIqMBCghNb2RlbFJlZhIqCgZ0YXJnZXQYASABKAsyGi5yb3VuZHRhYmxlLnYxLk1vZGVsVGFyZ2V0Ei0KCWZhbGxiYWNrcxgCIAMoCzIaLnJvdW5kdGFibGUudjEuTW9kZWxUYXJnZXQSGAoLdGVtcGVyYXR1cmUYAyABKAFIAIgBARISCgp0aW1lb3V0X21zGAQgASgNQg4KDF90ZW1wZXJhdHVyZSJYCgtNb2RlbFRhcmdldBIQCghwcm92aWRlchgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghiYXNlX3VybBgDIAEoCRIWCg5jcmVkZW50aWFsX3JlZhgEIAEoCSLfAQoGTWVtYmVyEhEKCW1lbWJlcl9pZBgBIAEoCRIUCgxkaXNwbGF5X25hbWUYAiABKAkSDwoHYWxpYXNlcxgDIAMoCRIPCgdwZXJzb25hGAQgASgJEhMKC3N0eWxlX3J1bGVzGAUgAygJEiYKBW1vZGVsGAYgASgLMhcucm91bmR0YWJsZS52MS5Nb2RlbFJlZhIkCgZza2lsbHMYByADKAsyFC5yb3VuZHRhYmxlLnYxLlNraWxsEicKCG1lbW9yaWVzGAggAygLMhUucm91bmR0YWJsZS52MS5NZW1vcnkiPQoFU2tpbGwSEAoIc2tpbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxpbnN0cnVjdGlvbnMYAyABKAkicAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIPCgdjb250ZW50GAIgASgJEhIKCmltcG9ydGFuY2UYAyABKAISLgoKdXBkYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiogEKDkhpc3RvcnlNZXNzYWdlEhIKCm1lc3NhZ2VfaWQYASABKAkSKAoEcm9sZRgCIAEoDjIaLnJvdW5kdGFibGUudjEuTWVzc2FnZVJvbGUSEQoJbWVtYmVyX2lkGAMgASgJEg8KB2NvbnRlbnQYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiUwoIVXNlclR1cm4SEgoKbWVzc2FnZV9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEhAKCG1lbnRpb25zGAMgAygJEhMKC21lbnRpb25fYWxsGAQgASgIKn8KElNwZWFrZXJDb25jdXJyZW5jeRIjCh9TUEVBS0VSX0NPTkNVUlJFTkNZX1VOU1BFQ0lGSUVEEAASIgoeU1BFQUtFUl9DT05DVVJSRU5DWV9TRVFVRU5USUFMEAESIAocU1BFQUtFUl9DT05DVVJSRU5DWV9QQVJBTExFTBACKlwKC1Nlc3Npb25LaW5kEhwKGFNFU1NJT05fS0lORF9VTlNQRUNJRklFRBAAEhcKE1NFU1NJT05fS0lORF9TSU5HTEUQARIWChJTRVNTSU9OX0tJTkRfR1JPVVAQAipeCgtNZXNzYWdlUm9sZRIcChhNRVNTQUdFX1JPTEVfVU5TUEVDSUZJRUQQABIVChFNRVNTQUdFX1JPTEVfVVNFUhABEhoKFk1FU1NBR0VfUk9MRV9BU1NJU1RBTlQQAkJIWkZnaXRodWIuY29tL3JvdW5kdGFibGUvcm91bmR0YWJsZS9jbGllbnRzL2dvL3JvdW5kdGFibGUvdjE7cm91bmR0YWJsZXYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * RunContext identifies one user turn and carries the correlation fields that
@@ -166,6 +166,14 @@ export type Session = Message<"roundtable.v1.Session"> & {
    * @generated from field: roundtable.v1.Budgets budgets = 5;
    */
   budgets?: Budgets | undefined;
+
+  /**
+   * How a round's independent speakers run. Optional: unset means
+   * SPEAKER_CONCURRENCY_SEQUENTIAL.
+   *
+   * @generated from field: roundtable.v1.SpeakerConcurrency speaker_concurrency = 6;
+   */
+  speakerConcurrency: SpeakerConcurrency;
 };
 
 /**
@@ -212,6 +220,14 @@ export type Budgets = Message<"roundtable.v1.Budgets"> & {
    * @generated from field: uint32 run_timeout_seconds = 4;
    */
   runTimeoutSeconds: number;
+
+  /**
+   * Speakers answering at once in a SPEAKER_CONCURRENCY_PARALLEL session
+   * (default 4, at most 16). Ignored in a sequential one.
+   *
+   * @generated from field: uint32 max_parallel_speakers = 5;
+   */
+  maxParallelSpeakers: number;
 };
 
 /**
@@ -564,6 +580,52 @@ export const UserTurnSchema: GenMessage<UserTurn> = /*@__PURE__*/
   messageDesc(file_roundtable_v1_snapshot, 10);
 
 /**
+ * SpeakerConcurrency says whether a round's independent speakers answer one
+ * after another or at once.
+ *
+ * @generated from enum roundtable.v1.SpeakerConcurrency
+ */
+export enum SpeakerConcurrency {
+  /**
+   * Not set: SPEAKER_CONCURRENCY_SEQUENTIAL.
+   *
+   * @generated from enum value: SPEAKER_CONCURRENCY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * One speaker at a time, in plan order; each sees the replies before it.
+   *
+   * @generated from enum value: SPEAKER_CONCURRENCY_SEQUENTIAL = 1;
+   */
+  SEQUENTIAL = 1,
+
+  /**
+   * The speakers of a count-off, an @all and an @mention of several members
+   * start together, and so do the steps of a supervisor plan it marks
+   * independent (PlanStep.parallel_group), at most
+   * Budgets.max_parallel_speakers at once. A turn then takes about one
+   * model call's time instead of one per speaker. Parallel speakers see the
+   * history up to the turn, not each other's replies. Every guarantee of the
+   * sequential path holds: each AssistantFinal is committed before it is sent
+   * (as soon as its speaker finishes: nothing finished waits for a slower
+   * one), a count-off's numbers and roster order are exact, a failed speaker
+   * fails alone, a graceful cancel lets the speakers already answering finish
+   * and starts no new one, an immediate cancel aborts them all, and a resume
+   * runs every unfinished step again and no finished one.
+   *
+   * @generated from enum value: SPEAKER_CONCURRENCY_PARALLEL = 2;
+   */
+  PARALLEL = 2,
+}
+
+/**
+ * Describes the enum roundtable.v1.SpeakerConcurrency.
+ */
+export const SpeakerConcurrencySchema: GenEnum<SpeakerConcurrency> = /*@__PURE__*/
+  enumDesc(file_roundtable_v1_snapshot, 0);
+
+/**
  * SessionKind says how a turn is routed.
  *
  * @generated from enum roundtable.v1.SessionKind
@@ -596,7 +658,7 @@ export enum SessionKind {
  * Describes the enum roundtable.v1.SessionKind.
  */
 export const SessionKindSchema: GenEnum<SessionKind> = /*@__PURE__*/
-  enumDesc(file_roundtable_v1_snapshot, 0);
+  enumDesc(file_roundtable_v1_snapshot, 1);
 
 /**
  * MessageRole says who wrote a history message.
@@ -630,5 +692,5 @@ export enum MessageRole {
  * Describes the enum roundtable.v1.MessageRole.
  */
 export const MessageRoleSchema: GenEnum<MessageRole> = /*@__PURE__*/
-  enumDesc(file_roundtable_v1_snapshot, 1);
+  enumDesc(file_roundtable_v1_snapshot, 2);
 
