@@ -245,7 +245,11 @@ class Executor:
         return await self._invoke(live, launch, context)
 
     async def _wait_turn(
-        self, live: LiveRun, wait_for: Callable[[], Awaitable[Any]], sink: RunSink, started: Any
+        self,
+        live: LiveRun,
+        wait_for: Callable[[], Awaitable[Any]],
+        sink: RunSink,
+        started: RunStarted,
     ) -> None:
         """Queued behind the thread's other runs, until they end or this one is cancelled
         (which need not wait for them; a cancel recorded by another replica reaches it by
