@@ -10,6 +10,8 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from roundtable.store.postgres import PostgresRunStore
+from roundtable.store.sqlite import SqliteRunStore
 
 DSN_VARIABLE = "ROUNDTABLE_TEST_POSTGRES_DSN"
 
@@ -58,3 +60,28 @@ def written_bytes(store_url: str) -> bytes:
                     elif value is not None:
                         out += str(value).encode()
     return bytes(out)
+
+
+CHECKPOINT_TABLES = {
+    "sqlite": ("checkpoints", "writes"),
+    "postgres": ("checkpoints", "checkpoint_writes"),
+}
+"""LangGraph's checkpoint tables holding rows a run writes, by store."""
+
+
+async def count_rows(store: object) -> int:
+    """Rows in the run registry, the event log and the checkpoint tables together, read
+    through the store's own connection (what a refused request must leave at zero)."""
+    if isinstance(store, SqliteRunStore):
+        tables = ("rt_runs", "rt_events", *CHECKPOINT_TABLES["sqlite"])
+        return sum(store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables)
+    if isinstance(store, PostgresRunStore):
+        tables = ("rt_runs", "rt_events", *CHECKPOINT_TABLES["postgres"])
+        total = 0
+        async with store.pool.connection() as conn:
+            for table in tables:
+                cursor = await conn.execute(f"SELECT COUNT(*) AS n FROM {table}")
+                row = await cursor.fetchone()
+                total += int(row["n"]) if row else 0
+        return total
+    raise TypeError(f"no row count for {type(store).__name__}")

@@ -785,8 +785,6 @@ class RunManager:
             # With the lease lost, another replica owns the run: it writes the record, not us.
             if not live.lease_lost:
                 record.status = status
-                record.plan_json = live.progress.plan_json()
-                record.finished_reply_ids = live.progress.finished_reply_ids
                 with contextlib.suppress(Exception):
                     if not await self.store.finish_run(record, self.owner):
                         # Another process owns the row now (e.g. a second server on the same

@@ -6,9 +6,8 @@ assistant_final (or speaker_failed) is in the log, whatever any checkpoint says.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from roundtable.api.convert import plan_source_from_proto, plan_step_from_proto
 from roundtable.domain.events import (
@@ -91,19 +90,3 @@ class Progress:
     def finished_reply_ids(self) -> list[str]:
         """Replies that are final (failed speakers excluded), in step order."""
         return [s.reply_id for s in self.steps if self.finished.get(s.reply_id) is not None]
-
-    def plan_json(self) -> str:
-        """The plan as JSON, for the run registry."""
-        # Flat dicts by hand: dataclasses.asdict deep-copies every value, at a few times the cost.
-        return json.dumps(
-            [{name: getattr(s, name) for name in _STEP_FIELDS} for s in self.steps],
-            ensure_ascii=False,
-        )
-
-
-_STEP_FIELDS = tuple(f.name for f in fields(PlanStep))
-
-
-def steps_from_json(data: str) -> list[PlanStep]:
-    """Plan steps read back from the run registry."""
-    return [PlanStep(**item) for item in json.loads(data or "[]")]
