@@ -5,7 +5,7 @@ running) keeps two replicas from executing one run; a cancel recorded here reach
 replica that owns the run.
 
 The tables and most statements are the ones SQLite runs too (`roundtable.store.schema`,
-`roundtable.store.statements`). What only a shared database needs lives here:
+`roundtable.store.registry`). What only a shared database needs lives here:
 
 - a connection pool (autocommit, dict rows: what LangGraph's saver asks of a shared pool);
 - the thread lock (`thread_lock`): a transaction-level advisory lock per thread, so two
@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import psycopg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from roundtable.domain.errors import ThreadBusy
-from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent
+from roundtable.store.base import CancelMark, LeaseLost, StoredEvent
+from roundtable.store.registry import SqlRegistry
 from roundtable.store.schema import (
     TABLES,
     ColumnType,
@@ -39,16 +40,7 @@ from roundtable.store.schema import (
     create_indexes,
     create_tables,
 )
-from roundtable.store.statements import (
-    EVENT_COLUMNS,
-    EVENT_VALUES,
-    Statements,
-    acquire_params,
-    event_params,
-    finish_params,
-    run_from_row,
-    run_params,
-)
+from roundtable.store.statements import EVENT_COLUMNS, EVENT_VALUES, Statements, event_params
 
 POSTGRES = Dialect(
     name="postgres",
@@ -62,8 +54,6 @@ POSTGRES = Dialect(
     # IF NOT EXISTS: two replicas starting at once may both find a column missing.
     add_column="ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}",
 )
-
-_SQL = Statements.for_dialect(POSTGRES)
 
 _APPEND_READ_CANCEL = POSTGRES.bind(
     # One round trip: the append, and the run's cancel marks as of it.
@@ -104,8 +94,10 @@ async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(statement)
 
 
-class PostgresRunStore:
+class PostgresRunStore(SqlRegistry):
     """Run registry and event log in Postgres, over one async connection pool."""
+
+    sql = Statements.for_dialect(POSTGRES)
 
     def __init__(
         self,
@@ -143,68 +135,33 @@ class PostgresRunStore:
         await saver.setup()
         return cls(pool, saver, thread_lock_timeout_s=thread_lock_timeout_s)
 
-    async def _execute(self, sql: str, params: dict[str, Any]) -> int:
+    async def _write(self, sql: str, params: Mapping[str, Any]) -> int:
         async with self.pool.connection() as conn:
             cursor = await conn.execute(sql, params)
             return int(cursor.rowcount)
 
-    async def _fetch(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _read(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        # Tuples, as sqlite3 gives them: the pool's rows are dicts (LangGraph's saver's need).
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(sql, params)
-            return list(await cursor.fetchall())
-
-    async def create_run(self, record: RunRecord) -> bool:
-        return await self._execute(_SQL.create_run, run_params(record)) == 1
-
-    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
-        rows = await self._fetch(_SQL.get_run, {"tenant": tenant, "run_id": run_id})
-        return run_from_row(rows[0]) if rows else None
-
-    async def update_run(self, record: RunRecord) -> None:
-        record.updated_at = time.time()
-        await self._execute(_SQL.update_run, run_params(record))
+            cursor = conn.cursor(row_factory=tuple_row)
+            await cursor.execute(sql, params)
+            rows: list[tuple[Any, ...]] = await cursor.fetchall()
+            return rows
 
     async def append_event(
         self, tenant: str, run_id: str, event: StoredEvent, *, owner: str | None = None
     ) -> CancelMark | None:
         params = event_params(tenant, run_id, event.seq, event.kind, event.body)
         if owner is None:
-            rows = await self._fetch(_APPEND_READ_CANCEL, params)
+            rows = await self._read(_APPEND_READ_CANCEL, params)
         else:
-            rows = await self._fetch(_APPEND_OWNED, {**params, "owner": owner})
+            rows = await self._read(_APPEND_OWNED, {**params, "owner": owner})
             if not rows:
                 raise LeaseLost(run_id)
-        if not rows or not rows[0]["cancel_mode"]:
+        if not rows or not rows[0][0]:
             return None
-        return CancelMark(rows[0]["cancel_mode"], rows[0]["cancel_reason"])
-
-    async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
-        params = {"tenant": tenant, "run_id": run_id, "after_seq": after_seq}
-        rows = await self._fetch(_SQL.read_events, params)
-        return [StoredEvent(r["seq"], r["kind"], bytes(r["body"])) for r in rows]
-
-    async def resumable_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str = "", limit: int = 1
-    ) -> list[RunRecord]:
-        params = {
-            "tenant": tenant,
-            "thread_id": thread_id,
-            "exclude_run_id": exclude_run_id,
-            "limit": limit,
-        }
-        return [run_from_row(row) for row in await self._fetch(_SQL.resumable_runs, params)]
-
-    async def live_thread_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
-    ) -> list[RunRecord]:
-        params = {
-            "tenant": tenant,
-            "thread_id": thread_id,
-            "exclude_run_id": exclude_run_id,
-            "owner": owner,
-            "now": now,
-        }
-        return [run_from_row(row) for row in await self._fetch(_SQL.live_thread_runs, params)]
+        mode, reason = rows[0]
+        return CancelMark(mode, reason)
 
     @contextlib.asynccontextmanager
     async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:
@@ -243,16 +200,8 @@ class PostgresRunStore:
                 # COMMIT, not ROLLBACK: measured ≈0.1 ms cheaper a turn through the pool.
                 await conn.execute("COMMIT")
 
-    async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
-        params = {"tenant": tenant, "run_id": run_id, "by_run_id": by_run_id, "now": time.time()}
-        return await self._execute(_SQL.claim_continuation, params) == 1
-
-    async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:
-        rows = await self._fetch(_SQL.continued_run, {"tenant": tenant, "by_run_id": by_run_id})
-        return run_from_row(rows[0]) if rows else None
-
     async def mark_interrupted(self) -> list[tuple[str, str]]:
-        rows = await self._fetch(
+        rows = await self._read(
             # The owner goes too: a replica that was only late to renew (a pause) then
             # finds the run is not its own any more (LeaseLost) instead of running on
             # under an 'interrupted' row nobody else can cancel or see.
@@ -261,28 +210,7 @@ class PostgresRunStore:
             "RETURNING tenant, run_id",
             {"now": time.time()},
         )
-        return [(row["tenant"], row["run_id"]) for row in rows]
-
-    async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
-        return await self._execute(_SQL.acquire_lease, params) == 1
-
-    async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        params = {
-            "tenant": tenant,
-            "run_id": run_id,
-            "owner": owner,
-            "lease_until": time.time() + ttl_s,
-        }
-        return await self._execute(_SQL.renew_lease, params) == 1
-
-    async def finish_run(self, record: RunRecord, owner: str) -> bool:
-        record.updated_at = time.time()
-        return await self._execute(_SQL.finish_run, finish_params(record, owner)) == 1
-
-    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
-        params = {"tenant": tenant, "run_id": run_id, "cancel_mode": mode, "cancel_reason": reason}
-        return await self._execute(_SQL.request_cancel, params) == 1
+        return [(tenant, run_id) for tenant, run_id in rows]
 
     @property
     def shared(self) -> bool:

@@ -17,6 +17,10 @@ every `checkpoint_every` writes the store checkpoints on a worker thread, throug
 connection of its own (`SqliteRunStore._checkpoint_wal`). Without them the log would
 only grow: the saver, the one connection that checkpoints by itself, writes nothing for a
 turn that completes (durability "exit"), and a served turn appends ≈110 KB to the log.
+
+The tables and statements are the ones Postgres runs too (`roundtable.store.schema`,
+`roundtable.store.registry`); this module holds what is SQLite's own: the connections and
+their pragmas, the checkpoints off the loop, and the lock that keeps a file to one process.
 """
 
 from __future__ import annotations
@@ -28,14 +32,16 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from roundtable.domain.errors import InvalidSettings
-from roundtable.store.base import CancelMark, RunRecord, StoredEvent
+from roundtable.store.base import CancelMark, StoredEvent
+from roundtable.store.registry import SqlRegistry
 from roundtable.store.schema import (
     TABLES,
     ColumnType,
@@ -44,14 +50,7 @@ from roundtable.store.schema import (
     create_indexes,
     create_tables,
 )
-from roundtable.store.statements import (
-    Statements,
-    acquire_params,
-    event_params,
-    finish_params,
-    run_from_row,
-    run_params,
-)
+from roundtable.store.statements import Statements, event_params
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +147,6 @@ def connect_log(path: Path) -> sqlite3.Connection:
     return conn
 
 
-_SQL = Statements.for_dialect(SQLITE)
-
-
 def _create_schema(conn: sqlite3.Connection) -> None:
     """Creates the tables, adds the columns a file from an earlier version lacks (every
     version's file opens), then the indexes."""
@@ -166,13 +162,15 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-class SqliteRunStore:
+class SqliteRunStore(SqlRegistry):
     """Run registry and event log in SQLite. Autocommit: each statement is its own commit.
 
     The methods are coroutines (the `RunStore` protocol) that do not await (a write waits
     only for a WAL checkpoint's short final pass): each is one short statement on the
     loop's thread (see the module docstring for why).
     """
+
+    sql = Statements.for_dialect(SQLITE)
 
     def __init__(
         self,
@@ -274,73 +272,26 @@ class SqliteRunStore:
             raise
         return cls(conn, saver, path=path, checkpoint_every=checkpoint_every, lock_fd=lock_fd)
 
-    async def create_run(self, record: RunRecord) -> bool:
+    async def _write(self, sql: str, params: Mapping[str, Any]) -> int:
         await self._before_write()
-        return self.conn.execute(_SQL.create_run, run_params(record)).rowcount == 1
+        return int(self.conn.execute(sql, params).rowcount)
 
-    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
-        row = self.conn.execute(_SQL.get_run, {"tenant": tenant, "run_id": run_id}).fetchone()
-        return run_from_row(row) if row else None
-
-    async def update_run(self, record: RunRecord) -> None:
-        record.updated_at = time.time()
-        await self._before_write()
-        self.conn.execute(_SQL.update_run, run_params(record))
+    async def _read(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        return self.conn.execute(sql, params).fetchall()
 
     async def append_event(
         self, tenant: str, run_id: str, event: StoredEvent, *, owner: str | None = None
     ) -> CancelMark | None:
         # No fence: the file is this process's alone (start-up marks a dead one's runs).
-        await self._before_write()
-        self.conn.execute(
-            _SQL.append_event, event_params(tenant, run_id, event.seq, event.kind, event.body)
+        await self._write(
+            self.sql.append_event, event_params(tenant, run_id, event.seq, event.kind, event.body)
         )
         return None  # the file is this process's: its cancels never go through the row
-
-    async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
-        params = {"tenant": tenant, "run_id": run_id, "after_seq": after_seq}
-        rows = self.conn.execute(_SQL.read_events, params).fetchall()
-        return [StoredEvent(r[0], r[1], bytes(r[2])) for r in rows]
-
-    async def resumable_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str = "", limit: int = 1
-    ) -> list[RunRecord]:
-        params = {
-            "tenant": tenant,
-            "thread_id": thread_id,
-            "exclude_run_id": exclude_run_id,
-            "limit": limit,
-        }
-        rows = self.conn.execute(_SQL.resumable_runs, params).fetchall()
-        return [run_from_row(row) for row in rows]
-
-    async def live_thread_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
-    ) -> list[RunRecord]:
-        params = {
-            "tenant": tenant,
-            "thread_id": thread_id,
-            "exclude_run_id": exclude_run_id,
-            "owner": owner,
-            "now": now,
-        }
-        rows = self.conn.execute(_SQL.live_thread_runs, params).fetchall()
-        return [run_from_row(row) for row in rows]
 
     @contextlib.asynccontextmanager
     async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:
         """A no-op: the file belongs to one process, whose RunManager serializes starts."""
         yield
-
-    async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
-        await self._before_write()
-        params = {"tenant": tenant, "run_id": run_id, "by_run_id": by_run_id, "now": time.time()}
-        return self.conn.execute(_SQL.claim_continuation, params).rowcount == 1
-
-    async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:
-        params = {"tenant": tenant, "by_run_id": by_run_id}
-        row = self.conn.execute(_SQL.continued_run, params).fetchone()
-        return run_from_row(row) if row else None
 
     async def mark_interrupted(self) -> list[tuple[str, str]]:
         await self._before_write()
@@ -351,31 +302,6 @@ class SqliteRunStore:
             {"now": time.time()},
         )
         return [(tenant, run_id) for tenant, run_id in cursor.fetchall()]
-
-    async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        await self._before_write()
-        params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
-        return self.conn.execute(_SQL.acquire_lease, params).rowcount == 1
-
-    async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        await self._before_write()
-        params = {
-            "tenant": tenant,
-            "run_id": run_id,
-            "owner": owner,
-            "lease_until": time.time() + ttl_s,
-        }
-        return self.conn.execute(_SQL.renew_lease, params).rowcount == 1
-
-    async def finish_run(self, record: RunRecord, owner: str) -> bool:
-        record.updated_at = time.time()
-        await self._before_write()
-        return self.conn.execute(_SQL.finish_run, finish_params(record, owner)).rowcount == 1
-
-    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
-        await self._before_write()
-        params = {"tenant": tenant, "run_id": run_id, "cancel_mode": mode, "cancel_reason": reason}
-        return self.conn.execute(_SQL.request_cancel, params).rowcount == 1
 
     @property
     def shared(self) -> bool:

@@ -9,7 +9,7 @@ that read the run's cancel and fence out a replica that lost the run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -117,12 +117,9 @@ def run_params(record: RunRecord) -> dict[str, Any]:
     return params
 
 
-def run_from_row(row: Sequence[Any] | Mapping[str, Any]) -> RunRecord:
-    """The record of a row of RUN_COLUMNS: a tuple in their order, or a dict by name."""
-    if isinstance(row, Mapping):
-        values = {name: row[name] for name in RUN_COLUMNS}
-    else:
-        values = dict(zip(RUN_COLUMNS, row, strict=True))
+def run_from_row(row: Sequence[Any]) -> RunRecord:
+    """The record of a row of RUN_COLUMNS, in their order."""
+    values = dict(zip(RUN_COLUMNS, row, strict=True))
     values["status"] = RunStatus(values["status"])
     return RunRecord(**values)
 
