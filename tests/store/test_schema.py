@@ -14,9 +14,7 @@ from roundtable.store.postgres import POSTGRES, PostgresRunStore
 from roundtable.store.schema import RUNS
 from roundtable.store.sqlite import SQLITE, SqliteRunStore
 from roundtable.store.statements import Statements
-from support.stores import drop_schema, new_schema, postgres_dsn
-
-from store.test_registry import OLD_RT_RUNS
+from support.stores import OLD_RT_RUNS, drop_schema, new_schema, postgres_dsn
 
 
 def test_the_registry_columns_are_the_records_fields() -> None:

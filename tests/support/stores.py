@@ -1,5 +1,6 @@
-"""Test databases: a fresh SQLite file or a fresh Postgres schema per test, and a way to
-read back every byte a store wrote (for the secret-canary checks)."""
+"""Test databases: a fresh SQLite file or a fresh Postgres schema per test, rt_runs as an
+older version made it, and ways to read back what a store wrote (every byte, for the
+secret-canary checks; its rows, counted)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ from roundtable.store.postgres import PostgresRunStore
 from roundtable.store.sqlite import SqliteRunStore
 
 DSN_VARIABLE = "ROUNDTABLE_TEST_POSTGRES_DSN"
+
+OLD_RT_RUNS = (
+    "CREATE TABLE rt_runs (tenant TEXT NOT NULL, run_id TEXT NOT NULL, thread_id TEXT NOT"
+    " NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL, plan_json TEXT NOT NULL DEFAULT"
+    " '[]', finished_reply_ids TEXT NOT NULL DEFAULT '[]', last_seq INTEGER NOT NULL DEFAULT"
+    " 0, trace_context TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL DEFAULT '', lease_until"
+    " REAL NOT NULL DEFAULT 0, cancel_mode TEXT NOT NULL DEFAULT '', cancel_reason TEXT NOT"
+    " NULL DEFAULT '', created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY"
+    " (tenant, run_id))"
+)
+"""rt_runs as versions before `continued_by` made it (the same on SQLite and Postgres)."""
 
 
 def postgres_dsn() -> str:
