@@ -12,27 +12,26 @@ message. A reply written within one window (a short or cached answer) streams no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
-from roundtable.api.convert import event_to_proto
-from roundtable.domain.events import AssistantDelta, AssistantFinal, Event, SpeakerFailed
+from roundtable.codec.events import kind_of, seal
+from roundtable.domain.events import AssistantDelta, AssistantFinal, Envelope, Event, SpeakerFailed
+from roundtable.runs.coordination import Coordination
 from roundtable.runs.live import LiveRun
 from roundtable.store.base import CancelMark, LeaseLost, RunStore, StoredEvent
-from roundtable.v1 import events_pb2 as epb
 
 
 class RunSink:
     """Implements `graph.context.EventSink` for one live run."""
 
     def __init__(
-        self, live: LiveRun, store: RunStore, *, first_seq: int = 0, owner: str | None = None
+        self, live: LiveRun, store: RunStore, coordination: Coordination, *, first_seq: int = 0
     ) -> None:
         self.live = live
         self.store = store
-        self.owner = owner
-        """The replica appending; a shared store refuses its appends once it is not the
-        run's owner any more (`RunStore.append_event`)."""
+        self.coordination = coordination
+        """Appends for this replica: the owner fence and what a cancel mid-append means
+        differ between one process and replicas (`Coordination.append`)."""
         self.seq = first_seq
         options = live.request.options
         self._window = options.delta_window_s
@@ -59,42 +58,27 @@ class RunSink:
         else:
             self.flush()
         seq = self.seq + 1
-        proto = event_to_proto(self.live.record.run_id, seq, time.time(), event)
-        body = proto.SerializeToString()
-        kind = proto.WhichOneof("payload") or ""
         record = self.live.record
-        append = self.store.append_event(
-            record.tenant, record.run_id, StoredEvent(seq, kind, body), owner=self.owner
-        )
-        if not self.store.shared:
-            # SQLite's append can only wait before it writes (a WAL checkpoint's last pass):
-            # a cancel there leaves nothing written, and the event unnumbered.
-            self._accepted(seq, event, proto, await append)
-            return
-        # Over the network a cancel can land after the row was committed: the statement
-        # is let finish, and an event it committed is numbered and streamed before the
-        # cancel goes on (else the run's last event would reuse its seq).
-        task = asyncio.ensure_future(append)
+        envelope = seal(record.run_id, seq, time.time(), event)
+        stored = StoredEvent(seq, kind_of(event), envelope.wire)
         try:
-            mark = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # not committed: nothing to number
-                self._accepted(seq, event, proto, await task)
-            raise
+            await self.coordination.append(
+                self.store.append_event(
+                    record.tenant, record.run_id, stored, owner=self.coordination.owner
+                ),
+                lambda mark: self._accepted(envelope, mark),
+            )
         except LeaseLost:
             self.live.lease_lost = True  # the run is another replica's: write nothing more
             raise
-        self._accepted(seq, event, proto, mark)
 
-    def _accepted(
-        self, seq: int, event: Event, proto: epb.RunEvent, mark: CancelMark | None
-    ) -> None:
+    def _accepted(self, envelope: Envelope, mark: CancelMark | None) -> None:
         """The event is in the log: it takes its seq, and the streams get it."""
         self._mark, self._mark_fresh = mark, True
-        self.seq = seq
-        self.live.record.last_seq = seq
-        self.live.progress.observe_emitted(event)
-        self.live.publish(proto, durable=True)
+        self.seq = envelope.seq
+        self.live.record.last_seq = envelope.seq
+        self.live.progress.observe(envelope.event)
+        self.live.publish(envelope)
 
     def delta(self, reply_id: str, text: str, attempt: int) -> None:
         """Buffers streamed text; sends it when the window passes or the buffer is full."""
@@ -128,5 +112,7 @@ class RunSink:
         self._size = 0
         event = AssistantDelta(reply_id=self._reply, text=text, attempt=self._attempt)
         self.live.publish(
-            event_to_proto(self.live.record.run_id, self.seq, time.time(), event), durable=False
+            Envelope(
+                run_id=self.live.record.run_id, seq=self.seq, emitted_at=time.time(), event=event
+            )
         )
