@@ -31,6 +31,7 @@ from roundtable.domain.snapshot import (
     SessionKind,
     Skill,
     Snapshot,
+    SpeakerConcurrency,
     UserTurn,
 )
 from roundtable.runs.progress import Progress
@@ -104,6 +105,9 @@ def snapshot_from_proto(
             else OFFLINE_MODEL,
             budgets=budgets,
             session_id=session.session_id,
+            speaker_concurrency=SpeakerConcurrency.PARALLEL
+            if session.speaker_concurrency == spb.SPEAKER_CONCURRENCY_PARALLEL
+            else SpeakerConcurrency.SEQUENTIAL,
         ),
         members=tuple(_member(m) for m in snapshot.members),
         history=tuple(
@@ -154,6 +158,7 @@ def _budgets(budgets: spb.Budgets, base: Budgets) -> Budgets:
         max_rounds=budgets.max_rounds or base.max_rounds,
         max_output_tokens=budgets.max_output_tokens or base.max_output_tokens,
         run_timeout_s=float(budgets.run_timeout_seconds or base.run_timeout_s),
+        max_parallel_speakers=budgets.max_parallel_speakers or base.max_parallel_speakers,
     )
 
 

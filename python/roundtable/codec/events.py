@@ -96,6 +96,7 @@ def plan_steps_to_proto(steps: Sequence[PlanStep]) -> list[epb.PlanStep]:
             token_budget=s.token_budget,
             round=s.round,
             count_off_number=s.count_off_number,
+            parallel_group=s.parallel_group,
         )
         for s in steps
     ]
@@ -242,6 +243,7 @@ def plan_step_from_proto(step: epb.PlanStep) -> PlanStep:
         token_budget=step.token_budget,
         round=step.round,
         count_off_number=step.count_off_number,
+        parallel_group=step.parallel_group,
     )
 
 

@@ -46,18 +46,8 @@ class PlanStep:
     round: int = 1
     count_off_number: int = 0
     """For a count-off: the number this speaker must say (from 1); 0 otherwise."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Plan:
-    """The speakers of one round and how they were chosen."""
-
-    directive: DirectiveKind
-    source: PlanSource
-    steps: tuple[PlanStep, ...]
-    round: int = 1
-    fallback_reason: str = ""
-    continued_run_id: str = ""
+    parallel_group: int = 0
+    """Steps with the same non-zero group start together; 0: the step runs alone."""
 
 
 def reply_id_for(run_id: str, step_index: int) -> str:

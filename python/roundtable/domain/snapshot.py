@@ -35,6 +35,13 @@ class DisconnectPolicy(StrEnum):
     CANCEL = "cancel"
 
 
+class SpeakerConcurrency(StrEnum):
+    """Whether a round's independent speakers answer one after another or at once."""
+
+    SEQUENTIAL = "sequential"
+    PARALLEL = "parallel"
+
+
 class BusyThreadPolicy(StrEnum):
     """What a StartRun does when its thread already has a live run."""
 
@@ -140,6 +147,8 @@ class Budgets:
             "default-run-timeout-seconds", "Wall-clock limit of a run when the session sets none."
         ),
     )
+    max_parallel_speakers: int = 4
+    """Speakers answering at once in a PARALLEL session."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,6 +214,7 @@ class Session:
     default_model: ModelRef = OFFLINE_MODEL
     budgets: Budgets = field(default_factory=Budgets)
     session_id: str = ""
+    speaker_concurrency: SpeakerConcurrency = SpeakerConcurrency.SEQUENTIAL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

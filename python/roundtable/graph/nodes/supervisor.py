@@ -18,6 +18,7 @@ from roundtable.domain.errors import InvalidModelOutput, ModelError
 from roundtable.domain.events import PlanCreated, TokenUsage
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
 from roundtable.domain.snapshot import Snapshot
+from roundtable.graph.concurrency import by_marker
 from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.directives import mentioned_members
 from roundtable.graph.member import call_meta
@@ -36,6 +37,11 @@ class SupervisorStep(BaseModel):
     task: str = Field(min_length=1, max_length=2000, description="What this member should do.")
     token_budget: int | None = Field(
         default=None, ge=1, description="Output tokens this speaker may use."
+    )
+    builds_on_previous: bool = Field(
+        default=False,
+        description="True when this speaker should react to the replies before it in this "
+        "round (it then waits for them); false when it can answer independently.",
     )
 
 
@@ -104,12 +110,14 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
         chosen = [
             (s.member_id, s.task, s.token_budget or budgets.max_output_tokens) for s in plan.steps
         ]
+        builds_on = [s.builds_on_previous for s in plan.steps]
         converged = plan.converged
     else:
         source = PlanSource.FALLBACK
         task = "Answer the user's latest message."
         members = fallback_members(snapshot)[: max(1, speakers_left)]
         chosen = [(m, task, budgets.max_output_tokens) for m in members]
+        builds_on = [False] * len(chosen)  # the fallback's speakers are independent
         converged = True
     start, run_id = len(steps_so_far), ctx.request.context.run_id
     steps = [
@@ -123,6 +131,7 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
         )
         for i, (member_id, task, tokens) in enumerate(chosen)
     ]
+    steps = by_marker(steps, builds_on, snapshot.session)
     await ctx.sink.emit(
         PlanCreated(
             directive=DirectiveKind.OPEN,
