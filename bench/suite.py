@@ -243,9 +243,6 @@ class MemoryRunStore:
     async def request_cancel(self, *_args: Any) -> bool:
         return False  # one process, no replica to tell
 
-    async def count_rows(self) -> int:
-        return len(self.runs) + sum(len(v) for v in self.events.values())
-
     async def close(self) -> None:
         pass
 
@@ -260,15 +257,14 @@ class InProcess:
 
     def __init__(self, running: Any) -> None:
         from roundtable.api.convert import run_request_from_proto
-        from roundtable.api.limits import RequestLimits
-        from roundtable.server import default_budgets
         from roundtable.settings import Settings
 
         self.running = running
         self.manager = running.manager
         self._convert = run_request_from_proto
-        self._limits = RequestLimits()
-        self._budgets = default_budgets(Settings())
+        defaults = Settings()
+        self._limits = defaults.request_limits
+        self._budgets = defaults.budgets
 
     @classmethod
     async def open(
@@ -286,7 +282,9 @@ class InProcess:
         from roundtable.settings import Settings
 
         overrides: dict[str, Any] = {"checkpoint_durability": durability} if durability else {}
-        settings = Settings(listen="127.0.0.1:0", store=f"sqlite:///{db}", **overrides)
+        settings = Settings().with_values(
+            listen="127.0.0.1:0", store=f"sqlite:///{db}", **overrides
+        )
         running = await stack.enter_async_context(running_server(settings))
         if synchronous:
             # Both connections: the event log's (sqlite3) and the checkpointer's (aiosqlite).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,13 @@ ServerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningServ
 
 def make_settings(store_url: str, **overrides: Any) -> Settings:
     """Settings for a test server: port 0, a fresh database, fast retries."""
-    base = Settings(
+    base = Settings().with_values(
         listen="127.0.0.1:0",
         store=store_url,
         model_retry_backoff_seconds=0.01,
         grace_seconds=2.0,
     )
-    return dataclasses.replace(base, **overrides)
+    return base.with_values(**overrides)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

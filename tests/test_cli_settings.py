@@ -184,3 +184,47 @@ def test_a_killed_server_can_be_restarted_on_its_port_at_once(tmp_path: Path) ->
     finally:
         second.terminate()
         second.wait(timeout=30)
+
+
+def test_each_policy_flag_sets_its_policy_field_and_defaults_to_the_policys_own() -> None:
+    from roundtable.api.limits import RequestLimits
+    from roundtable.domain.limits import RunLimits
+    from roundtable.domain.snapshot import Budgets
+    from roundtable.harness.policies import HarnessPolicy
+
+    defaults = load_settings([], env={})
+    assert defaults.harness == HarnessPolicy()
+    assert defaults.request_limits == RequestLimits()
+    assert defaults.run_limits == RunLimits()
+    assert defaults.budgets == Budgets()
+    settings = load_settings(
+        ["--model-timeout-seconds", "5", "--stream-buffer-events", "7", "--max-history", "9"],
+        env={"ROUNDTABLE_DEFAULT_MAX_SPEAKERS": "3", "ROUNDTABLE_MODEL_MAX_RETRIES": "0"},
+    )
+    assert settings.harness.timeout.default_s == 5.0
+    assert settings.harness.retry.max_retries == 0
+    assert settings.run_limits.stream_buffer == 7
+    assert settings.request_limits.max_history == 9
+    assert settings.budgets.max_speakers == 3
+    assert settings == Settings().with_values(
+        model_timeout_seconds=5.0,
+        model_max_retries=0,
+        stream_buffer_events=7,
+        max_history=9,
+        default_max_speakers=3,
+    )
+
+
+def test_help_shows_each_flag_with_its_variable_and_default() -> None:
+    text = " ".join(roundtable("serve", "--help").stdout.split())
+    assert "--breaker-cooldown-seconds" in text
+    assert "(env ROUNDTABLE_BREAKER_COOLDOWN_SECONDS; default 30.0)" in text
+    assert "(env ROUNDTABLE_DEFAULT_MAX_SPEAKERS; default 8)" in text
+
+
+def test_a_setting_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(TypeError, match="no such setting: max_run"):
+        Settings().with_values(max_run=1)
+    with pytest.raises(SystemExit) as exit_:
+        load_settings(["--max-runs", "many"])
+    assert exit_.value.code == 2

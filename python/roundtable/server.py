@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -27,14 +28,11 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from roundtable.api.auth import Authenticator
 from roundtable.api.edge import CallLimiter, EdgeInterceptor
-from roundtable.api.limits import RequestLimits
 from roundtable.api.servicer import OrchestratorServicer, add_to_server
 from roundtable.api.tls import check_listen_address, server_credentials
 from roundtable.domain.errors import InvalidSettings
-from roundtable.domain.snapshot import Budgets
 from roundtable.graph.builder import build_conversation_graph
 from roundtable.harness.chain import Harness
-from roundtable.harness.policies import BreakerPolicy, HarnessPolicy, RetryPolicy, TimeoutPolicy
 from roundtable.models.base import ChatProvider
 from roundtable.models.offline import OfflineProvider
 from roundtable.models.openai_compat import build_openai_provider
@@ -62,45 +60,10 @@ def build_providers(settings: Settings) -> dict[str, ChatProvider]:
     return {
         "offline": OfflineProvider(default_token_delay_s=settings.offline_token_delay_ms / 1000),
         "openai": build_openai_provider(
-            default_timeout_s=settings.model_timeout_seconds,
-            max_attempt_timeout_s=request_limits(settings).max_model_timeout_ms / 1000,
+            default_timeout_s=settings.harness.timeout.default_s,
+            max_attempt_timeout_s=settings.request_limits.max_model_timeout_ms / 1000,
         ),
     }
-
-
-def harness_policy(settings: Settings) -> HarnessPolicy:
-    """Harness policies from settings."""
-    return HarnessPolicy(
-        timeout=TimeoutPolicy(default_s=settings.model_timeout_seconds),
-        retry=RetryPolicy(
-            max_retries=settings.model_max_retries,
-            initial_backoff_s=settings.model_retry_backoff_seconds,
-        ),
-        breaker=BreakerPolicy(
-            failure_threshold=settings.breaker_failure_threshold,
-            cooldown_s=settings.breaker_cooldown_seconds,
-        ),
-    )
-
-
-def request_limits(settings: Settings) -> RequestLimits:
-    """Request limits from settings."""
-    return RequestLimits(
-        max_request_bytes=settings.max_request_bytes,
-        max_members=settings.max_members,
-        max_history=settings.max_history,
-        max_message_bytes=settings.max_message_bytes,
-    )
-
-
-def default_budgets(settings: Settings) -> Budgets:
-    """Budgets of a session that sets none."""
-    return Budgets(
-        max_speakers=settings.default_max_speakers,
-        max_rounds=settings.default_max_rounds,
-        max_output_tokens=settings.default_max_output_tokens,
-        run_timeout_s=settings.default_run_timeout_seconds,
-    )
 
 
 def _bind(
@@ -158,12 +121,9 @@ def build_run_manager(
 ) -> RunManager:
     """The runs layer: the live registry, the execution of runs over the conversation
     graph, following other replicas' runs, and the coordination strategy."""
-    limits = RunLimits(
-        max_runs=settings.max_runs,
-        max_runs_per_tenant=settings.max_runs_per_tenant,
-        stream_buffer=settings.stream_buffer_events,
-        max_streams_per_run=settings.max_streams_per_run,
-    )
+    # runs/ still has a RunLimits of its own: copied over until it takes
+    # roundtable.domain.limits.RunLimits (then: limits = settings.run_limits).
+    limits = RunLimits(**dataclasses.asdict(settings.run_limits))
     log = EventLog(store)
     registry = LiveRegistry(limits)
     coordination = coordination_for(store, settings)
@@ -225,7 +185,7 @@ async def running_server(
     check_listen_address(settings, authenticated=auth.enabled)
     telemetry = telemetry or telemetry_from_env(os.environ)
     metrics = Metrics(telemetry.meter("roundtable"))
-    limits = request_limits(settings)
+    limits = settings.request_limits
     server = grpc.aio.server(
         # One span per RPC, continuing the caller's W3C traceparent (and baggage), when
         # spans are exported: with nothing configured the interceptor would only add an
@@ -268,7 +228,7 @@ async def running_server(
     providers = {**build_providers(settings), **(extra_providers or {})}
     harness = Harness(
         providers,
-        policy=harness_policy(settings),
+        policy=settings.harness,
         tracer=telemetry.active_tracer("roundtable.harness"),
         metrics=metrics,
     )
@@ -291,7 +251,7 @@ async def running_server(
             manager,
             limits=limits,
             providers=providers.keys(),
-            budgets=default_budgets(settings),
+            budgets=settings.budgets,
             metrics=metrics,
             auth=auth,
         ),

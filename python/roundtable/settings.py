@@ -1,111 +1,157 @@
-"""Server settings: defaults that run with nothing set, then ROUNDTABLE_* variables, then flags."""
+"""Server settings: defaults that run with nothing set, then ROUNDTABLE_* variables, then flags.
+
+`Settings` holds the plain server knobs and the policy values the server is built from
+(`harness`, `request_limits`, `run_limits`, `budgets`). A knob's default is written once,
+in the class that owns it; the field's metadata (`roundtable.domain.flags.flag`) names its
+flag and says what it means. `knobs()` walks them, and both the command line and
+`Settings.with_values` (flat, flag-named values) go through that one list.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
+from roundtable.api.limits import RequestLimits
+from roundtable.domain.flags import FLAG, HELP, flag
+from roundtable.domain.limits import RunLimits
 from roundtable.domain.snapshot import Budgets, server_of
-
-_BUDGETS = Budgets()
-"""The domain's budget defaults: the settings' defaults are these, written once."""
+from roundtable.harness.policies import HarnessPolicy
 
 ENV_PREFIX = "ROUNDTABLE_"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    """Everything `roundtable serve` can be told. Each field is also `--flag` and `ROUNDTABLE_FLAG`."""
+    """Everything `roundtable serve` can be told: each knob is a `--flag` and `ROUNDTABLE_FLAG`.
 
-    listen: str = "127.0.0.1:50051"
-    """host:port to listen on."""
-    tls_cert_file: str = ""
-    """PEM certificate chain the server presents; with tls_key_file, the server speaks TLS only."""
-    tls_key_file: str = ""
-    """PEM private key of tls_cert_file."""
-    tls_client_ca_file: str = ""
-    """PEM CA certificate(s): when set, every client must present a certificate one of them
-    signed (mutual TLS). Needs tls_cert_file and tls_key_file."""
-    auth_tokens: str = dataclasses.field(default="", repr=False)
-    """Bearer tokens and the tenants each may act for ("*": any):
-    `token1=tenant-a|tenant-b;token2=*`. Callers send `authorization: Bearer <token>`."""
-    auth_tokens_file: str = ""
-    """JSON file of bearer tokens: {"<token>": ["tenant-a", "tenant-b"], "<token2>": ["*"]}."""
-    auth_certificate_tenants: str = ""
-    """Under mutual TLS, client certificate common name -> tenants it may act for:
-    `gateway-1=tenant-a|tenant-b;gateway-2=*`."""
-    allow_unauthenticated: bool = False
-    """Listen on a non-loopback address with no caller auth (no tokens, no mutual TLS)."""
+    Build one from flat, flag-named values with `Settings().with_values(max_runs=1, ...)`.
+    """
+
+    listen: str = field(
+        default="127.0.0.1:50051", metadata=flag("listen", "host:port to listen on.")
+    )
+    tls_cert_file: str = field(
+        default="",
+        metadata=flag(
+            "tls-cert-file",
+            "PEM certificate chain the server presents; with --tls-key-file, the server "
+            "speaks TLS only.",
+        ),
+    )
+    tls_key_file: str = field(
+        default="", metadata=flag("tls-key-file", "PEM private key of --tls-cert-file.")
+    )
+    tls_client_ca_file: str = field(
+        default="",
+        metadata=flag(
+            "tls-client-ca-file",
+            "PEM CA certificate(s): when set, every client must present a certificate one of "
+            "them signed (mutual TLS). Needs --tls-cert-file and --tls-key-file.",
+        ),
+    )
+    auth_tokens: str = field(
+        default="",
+        repr=False,
+        metadata=flag(
+            "auth-tokens",
+            "Bearer tokens and the tenants each may act for ('*': any): "
+            "token1=tenant-a|tenant-b;token2=*. Callers send 'authorization: Bearer <token>'.",
+        ),
+    )
+    auth_tokens_file: str = field(
+        default="",
+        metadata=flag(
+            "auth-tokens-file",
+            'JSON file of bearer tokens: {"<token>": ["tenant-a", "tenant-b"], "<token2>": ["*"]}.',
+        ),
+    )
+    auth_certificate_tenants: str = field(
+        default="",
+        metadata=flag(
+            "auth-certificate-tenants",
+            "Under mutual TLS, client certificate common name -> tenants it may act for: "
+            "gateway-1=tenant-a|tenant-b;gateway-2=*.",
+        ),
+    )
+    allow_unauthenticated: bool = field(
+        default=False,
+        metadata=flag(
+            "allow-unauthenticated",
+            "Listen on a non-loopback address with no caller auth (no tokens, no mutual TLS).",
+        ),
+    )
     store: str = field(
         default="sqlite:///var/roundtable.db",
         repr=False,
-        metadata={
-            "help": "sqlite:///relative/file.db (from the working directory), "
-            "sqlite:////absolute/file.db (four slashes), or postgresql://user@host:port/db"
-        },
+        metadata=flag(
+            "store",
+            "sqlite:///relative/file.db (from the working directory), "
+            "sqlite:////absolute/file.db (four slashes), or postgresql://user@host:port/db",
+        ),
     )
     """Where runs, events and checkpoints live: sqlite:///relative/file.db (relative to the
     working directory), sqlite:////absolute/file.db (four slashes: the URL's path after its
     empty host is `/absolute/...`), or postgresql://user@host:port/db for several replicas."""
-    checkpoint_durability: str = "exit"
-    """LangGraph checkpoint durability: exit (one checkpoint when a run stops before its end;
-    a run completing writes none), or async / sync (also one after each plan and each round of
-    speakers). The event log, not the checkpoint, says which speakers are finished, so resume
-    is exact with any of them; `exit` costs the least (a completed turn reads and writes no
-    checkpoint at all, see bench/)."""
-    replica_id: str = ""
-    """This replica's id in run leases (default: host-pid-random)."""
-    lease_seconds: float = 10.0
-    """How long a replica's claim on a live run lasts without renewal (renewed every third)."""
-    grace_seconds: float = 10.0
-    """On SIGTERM/SIGINT: seconds live runs get to reach a speaker boundary."""
-    log_level: str = "INFO"
-    """Level of the application and audit logs."""
-    offline_token_delay_ms: float = 0.0
-    """Pause between the offline model's streamed tokens (0: as fast as possible)."""
-    model_timeout_seconds: float = 60.0
-    """Per-attempt model timeout when a model ref sets none."""
-    model_max_retries: int = 2
-    """Retries of transient model errors on one target."""
-    model_retry_backoff_seconds: float = 0.2
-    """First retry backoff; doubles per retry, with jitter."""
-    breaker_failure_threshold: int = 5
-    """Consecutive system failures that open a target's circuit breaker."""
-    breaker_cooldown_seconds: float = 30.0
-    """Seconds before an open breaker lets one probe through."""
-    max_runs: int = 2_000
-    """Runs executing at once in this process; more get RESOURCE_EXHAUSTED with a retry hint."""
-    max_runs_per_tenant: int = 500
-    """Runs of one tenant executing at once in this process."""
-    stream_buffer_events: int = 1_024
-    """Events buffered per stream for a slow reader. When full, deltas are dropped; a durable
-    event that does not fit ends the stream with RESOURCE_EXHAUSTED, and the reader
-    re-attaches with StreamRun(after_seq) without losing anything."""
-    max_calls_per_caller: int = 4_096
-    """Calls (streams included) one caller holds open at once; more get RESOURCE_EXHAUSTED
-    with a retry hint. A caller is a bearer token or client certificate (all callers are one
-    when caller authentication is off)."""
-    max_streams_per_run: int = 64
-    """Streams attached to one live run at once (StartRun attaches and StreamRun followers)."""
-    max_request_bytes: int = 16 * 1024 * 1024
-    """Largest StartRunRequest accepted."""
-    max_members: int = 32
-    """Most members a snapshot may have."""
-    max_history: int = 10_000
-    """Most history messages a snapshot may have."""
-    max_message_bytes: int = 32 * 1024
-    """Largest user turn or history message."""
-    default_max_speakers: int = _BUDGETS.max_speakers
-    """Speakers per turn when the session sets no budget."""
-    default_max_rounds: int = _BUDGETS.max_rounds
-    """Supervisor rounds per turn when the session sets no budget."""
-    default_max_output_tokens: int = _BUDGETS.max_output_tokens
-    """Output tokens per speaker when the session sets no budget."""
-    default_run_timeout_seconds: float = _BUDGETS.run_timeout_s
-    """Wall-clock limit of a run when the session sets none."""
+    checkpoint_durability: str = field(
+        default="exit",
+        metadata=flag(
+            "checkpoint-durability",
+            "LangGraph checkpoint durability: exit (one checkpoint when a run stops before "
+            "its end), or async / sync (also one after each plan and each round of speakers).",
+        ),
+    )
+    """A run completing writes no checkpoint under `exit`. The event log, not the checkpoint,
+    says which speakers are finished, so resume is exact with any of the three; `exit` costs
+    the least (a completed turn reads and writes no checkpoint at all, see bench/)."""
+    replica_id: str = field(
+        default="",
+        metadata=flag("replica-id", "This replica's id in run leases (default: host-pid-random)."),
+    )
+    lease_seconds: float = field(
+        default=10.0,
+        metadata=flag(
+            "lease-seconds",
+            "How long a replica's claim on a live run lasts without renewal (renewed every third).",
+        ),
+    )
+    grace_seconds: float = field(
+        default=10.0,
+        metadata=flag(
+            "grace-seconds", "On SIGTERM/SIGINT: seconds live runs get to reach a speaker boundary."
+        ),
+    )
+    log_level: str = field(
+        default="INFO", metadata=flag("log-level", "Level of the application and audit logs.")
+    )
+    offline_token_delay_ms: float = field(
+        default=0.0,
+        metadata=flag(
+            "offline-token-delay-ms",
+            "Pause between the offline model's streamed tokens (0: as fast as possible).",
+        ),
+    )
+    max_calls_per_caller: int = field(
+        default=4_096,
+        metadata=flag(
+            "max-calls-per-caller",
+            "Calls (streams included) one caller holds open at once; more get "
+            "RESOURCE_EXHAUSTED with a retry hint. A caller is a bearer token or client "
+            "certificate (all callers are one when caller authentication is off).",
+        ),
+    )
+    harness: HarnessPolicy = field(default_factory=HarnessPolicy)
+    """Model timeouts, retries and circuit breakers (--model-*, --breaker-*)."""
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    """How large a StartRun may be (--max-request-bytes, --max-members, ...)."""
+    run_limits: RunLimits = field(default_factory=RunLimits)
+    """Runs and streams this process takes on (--max-runs, --stream-buffer-events, ...)."""
+    budgets: Budgets = field(default_factory=Budgets)
+    """Budgets of a session that sets none (--default-max-speakers, ...)."""
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -124,55 +170,114 @@ class Settings:
         """The store URL without a password or query (which may hold credentials too)."""
         return server_of(self.store)
 
+    def with_values(self, **values: Any) -> Settings:
+        """A copy with flat, flag-named values set wherever each knob lives.
 
-def _convert(field: dataclasses.Field[object], raw: str) -> object:
-    kind = type(field.default)
-    if kind is bool:
-        word = raw.strip().lower()
-        if word in {"1", "true", "yes", "on"}:
-            return True
-        if word in {"0", "false", "no", "off", ""}:
-            return False
-        raise ValueError(raw)  # "ture" is a typo, not false
-    if kind is int:
-        return int(raw)
-    if kind is float:
-        return float(raw)
-    return raw
+        `with_values(max_runs=1, model_retry_backoff_seconds=0.01)` sets
+        `run_limits.max_runs` and `harness.retry.initial_backoff_s`: the names are the flags'
+        (`--max-runs`) with underscores.
+
+        Raises:
+            TypeError: a name that is no knob's.
+        """
+        index = {knob.name: knob for knob in knobs()}
+        unknown = sorted(values.keys() - index.keys())
+        if unknown:
+            raise TypeError(f"no such setting: {', '.join(unknown)}")
+        settings = self
+        for name, value in values.items():
+            settings = _replaced(settings, index[name].path, value)
+        return settings
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One thing an operator can set: its flag, its variable, and where it lives in Settings."""
+
+    flag: str
+    """The flag without its dashes, e.g. "max-runs"."""
+    path: tuple[str, ...]
+    """Attribute names from a Settings down to the field, e.g. ("run_limits", "max_runs")."""
+    default: object
+    meaning: str
+
+    @property
+    def name(self) -> str:
+        """The flat name `with_values` takes, e.g. "max_runs"."""
+        return self.flag.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        """The environment variable, e.g. ROUNDTABLE_MAX_RUNS."""
+        return f"{ENV_PREFIX}{self.name.upper()}"
+
+    @property
+    def help(self) -> str:
+        """What `--help` shows: the meaning, the variable and the default."""
+        return f"{self.meaning} (env {self.env}; default {self.default!r})".strip()
+
+    def parse(self, raw: str) -> object:
+        """The value of a flag's or variable's text, of the default's type.
+
+        Raises:
+            ValueError: not a value of that type (a misspelt boolean included).
+        """
+        kind = type(self.default)
+        if kind is bool:
+            word = raw.strip().lower()
+            if word in {"1", "true", "yes", "on"}:
+                return True
+            if word in {"0", "false", "no", "off", ""}:
+                return False
+            raise ValueError(raw)  # "ture" is a typo, not false
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return raw
+
+
+def knobs() -> tuple[Knob, ...]:
+    """Every knob, in Settings' field order (a policy's fields in the policy's order)."""
+    return tuple(_walk(Settings(), ()))
+
+
+def _walk(value: Any, path: tuple[str, ...]) -> Iterator[Knob]:
+    """The knobs of a dataclass value: fields that name a flag, and those of nested policies."""
+    for f in fields(value):
+        default = getattr(value, f.name)
+        if FLAG in f.metadata:
+            yield Knob(f.metadata[FLAG], (*path, f.name), default, f.metadata.get(HELP, ""))
+        elif dataclasses.is_dataclass(default):
+            yield from _walk(default, (*path, f.name))
+
+
+def _replaced(value: Any, path: tuple[str, ...], new: object) -> Any:
+    """`value` with the field at `path` (one or more attribute names) set to `new`."""
+    head, rest = path[0], path[1:]
+    inner = _replaced(getattr(value, head), rest, new) if rest else new
+    return dataclasses.replace(value, **{head: inner})
 
 
 def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Settings:
     """Builds settings from defaults, the environment and command-line flags (in that order)."""
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(prog="roundtable serve", description="Run the sidecar.")
-    for f in fields(Settings):
-        parser.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            dest=f.name,
-            default=None,
-            help=" ".join(
-                part
-                for part in (
-                    f.metadata.get("help", ""),
-                    f"(env {ENV_PREFIX}{f.name.upper()}; default {f.default!r})",
-                )
-                if part
-            ),
-        )
+    every = knobs()
+    for knob in every:
+        parser.add_argument(f"--{knob.flag}", dest=knob.name, default=None, help=knob.help)
     args = parser.parse_args(list(argv))
     values: dict[str, object] = {}
-    for f in fields(Settings):
-        raw = getattr(args, f.name)
+    for knob in every:
+        raw = getattr(args, knob.name)
         if raw is None:
-            raw = env.get(f"{ENV_PREFIX}{f.name.upper()}")
+            raw = env.get(knob.env)
         if raw is not None:
             try:
-                values[f.name] = _convert(f, raw)
+                values[knob.name] = knob.parse(raw)
             except ValueError:
-                parser.error(
-                    f"--{f.name.replace('_', '-')}: not a valid {type(f.default).__name__}: {raw!r}"
-                )
-    settings = Settings(**values)  # type: ignore[arg-type]
+                parser.error(f"--{knob.flag}: not a valid {type(knob.default).__name__}: {raw!r}")
+    settings = Settings().with_values(**values)
     if settings.checkpoint_durability not in {"async", "sync", "exit"}:
         parser.error("--checkpoint-durability: expected async, sync or exit")
     try:

@@ -49,7 +49,7 @@ from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from support.openai_server import OpenAITestServer
-from support.stores import written_bytes
+from support.stores import count_rows, written_bytes
 from support.strategies import CANARY_PREFIX, Case, Models, Profile, arm, start_run_cases
 
 CALL_TIMEOUT_S = 10.0
@@ -204,7 +204,7 @@ class Edge:
         )
 
     async def _rows(self) -> int:
-        return int(await self.server.store.count_rows())  # type: ignore[attr-defined]
+        return await count_rows(self.server.store)
 
     async def _check(self, case: Case, label: str) -> None:
         canary = CANARY_PREFIX + uuid.uuid4().hex

@@ -21,6 +21,7 @@ from roundtable.harness.audit import AUDIT_LOGGER
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
 from support.builders import collect, finals, member, model_ref, start_request
+from support.stores import count_rows
 
 KIB = 1024
 MAX_MESSAGE_BYTES = RequestLimits().max_message_bytes
@@ -176,7 +177,7 @@ async def test_start_run_names_the_bad_field(server, stub, build, expected) -> N
     for field in expected:
         assert field in rejected.details
     assert "sk-secret-value" not in str(rejected.status)
-    assert await server.store.count_rows() == 0
+    assert await count_rows(server.store) == 0
 
 
 async def test_start_run_reports_every_violation_at_once(server, stub) -> None:
@@ -210,7 +211,7 @@ async def test_start_run_reports_every_violation_at_once(server, stub) -> None:
     }
     assert rejected.details.startswith("invalid request: 8 bad field(s)")
     assert "sk-secret-value" not in str(rejected.status)
-    assert await server.store.count_rows() == 0
+    assert await count_rows(server.store) == 0
 
 
 # -- the run-id RPCs ------------------------------------------------------------------------
@@ -228,7 +229,7 @@ async def test_empty_run_id_is_invalid(server, stub, rpc) -> None:
 
     assert rejected.code == grpc.StatusCode.INVALID_ARGUMENT
     assert rejected.violations == {"run_id": "is required"}
-    assert await server.store.count_rows() == 0
+    assert await count_rows(server.store) == 0
 
 
 async def test_get_run_of_an_unknown_run_is_not_found(stub) -> None:
@@ -282,13 +283,13 @@ def _strip_message(status: status_pb2.Status | None) -> status_pb2.Status | None
 async def test_same_run_id_with_another_snapshot_already_exists(server, stub) -> None:
     first = start_request("报数", run_id="run-fixed", tenant="A")
     await collect(stub.StartRun(first))
-    rows = await server.store.count_rows()
+    rows = await count_rows(server.store)
 
     second = start_request("报数 please", run_id="run-fixed", tenant="A")
     rejected = await rejection(stub.StartRun(second))
 
     assert rejected.code == grpc.StatusCode.ALREADY_EXISTS
-    assert await server.store.count_rows() == rows
+    assert await count_rows(server.store) == rows
 
 
 async def test_same_run_id_with_the_same_snapshot_replays_without_a_model(
@@ -392,7 +393,7 @@ async def test_history_messages_outside_the_window_are_counted_not_parsed(server
         assert rejected.violations == {
             f"snapshot.history[{total - 1}]": "is not a valid HistoryMessage"
         }
-        assert await server.store.count_rows() == 0
+        assert await count_rows(server.store) == 0
 
         outside = total - RequestLimits().history_window - 1
         events = [r.event async for r in start_run(_history_bytes(request, {outside: not_utf8}))]
@@ -430,4 +431,4 @@ async def test_a_cancel_with_an_unknown_mode_or_a_bad_reason_is_invalid(
 
     assert rejected.code == grpc.StatusCode.INVALID_ARGUMENT
     assert list(rejected.violations) == [field]
-    assert await server.store.count_rows() == 0
+    assert await count_rows(server.store) == 0

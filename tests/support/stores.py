@@ -1,5 +1,6 @@
-"""Test databases: a fresh SQLite file or a fresh Postgres schema per test, and a way to
-read back every byte a store wrote (for the secret-canary checks)."""
+"""Test databases: a fresh SQLite file or a fresh Postgres schema per test, rt_runs as an
+older version made it, and ways to read back what a store wrote (every byte, for the
+secret-canary checks; its rows, counted)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,21 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from roundtable.store.postgres import PostgresRunStore
+from roundtable.store.sqlite import SqliteRunStore
 
 DSN_VARIABLE = "ROUNDTABLE_TEST_POSTGRES_DSN"
+
+OLD_RT_RUNS = (
+    "CREATE TABLE rt_runs (tenant TEXT NOT NULL, run_id TEXT NOT NULL, thread_id TEXT NOT"
+    " NULL, fingerprint TEXT NOT NULL, status TEXT NOT NULL, plan_json TEXT NOT NULL DEFAULT"
+    " '[]', finished_reply_ids TEXT NOT NULL DEFAULT '[]', last_seq INTEGER NOT NULL DEFAULT"
+    " 0, trace_context TEXT NOT NULL DEFAULT '', owner TEXT NOT NULL DEFAULT '', lease_until"
+    " REAL NOT NULL DEFAULT 0, cancel_mode TEXT NOT NULL DEFAULT '', cancel_reason TEXT NOT"
+    " NULL DEFAULT '', created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY"
+    " (tenant, run_id))"
+)
+"""rt_runs as versions before `continued_by` made it (the same on SQLite and Postgres)."""
 
 
 def postgres_dsn() -> str:
@@ -58,3 +72,28 @@ def written_bytes(store_url: str) -> bytes:
                     elif value is not None:
                         out += str(value).encode()
     return bytes(out)
+
+
+CHECKPOINT_TABLES = {
+    "sqlite": ("checkpoints", "writes"),
+    "postgres": ("checkpoints", "checkpoint_writes"),
+}
+"""LangGraph's checkpoint tables holding rows a run writes, by store."""
+
+
+async def count_rows(store: object) -> int:
+    """Rows in the run registry, the event log and the checkpoint tables together, read
+    through the store's own connection (what a refused request must leave at zero)."""
+    if isinstance(store, SqliteRunStore):
+        tables = ("rt_runs", "rt_events", *CHECKPOINT_TABLES["sqlite"])
+        return sum(store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables)
+    if isinstance(store, PostgresRunStore):
+        tables = ("rt_runs", "rt_events", *CHECKPOINT_TABLES["postgres"])
+        total = 0
+        async with store.pool.connection() as conn:
+            for table in tables:
+                cursor = await conn.execute(f"SELECT COUNT(*) AS n FROM {table}")
+                row = await cursor.fetchone()
+                total += int(row["n"]) if row else 0
+        return total
+    raise TypeError(f"no row count for {type(store).__name__}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from roundtable.domain.flags import flag
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -12,12 +14,21 @@ MIB = 1024 * KIB
 class RequestLimits:
     """How large a StartRun may be. Units are counts unless the name says bytes."""
 
-    max_request_bytes: int = 16 * MIB
-    max_members: int = 32
-    max_history: int = 10_000
+    max_request_bytes: int = field(
+        default=16 * MIB, metadata=flag("max-request-bytes", "Largest StartRunRequest accepted.")
+    )
+    max_members: int = field(
+        default=32, metadata=flag("max-members", "Most members a snapshot may have.")
+    )
+    max_history: int = field(
+        default=10_000, metadata=flag("max-history", "Most history messages a snapshot may have.")
+    )
     history_window: int = 64
     """The most recent history messages Roundtable reads; older ones are only counted."""
-    max_message_bytes: int = 32 * KIB
+    max_message_bytes: int = field(
+        default=32 * KIB,
+        metadata=flag("max-message-bytes", "Largest user turn or history message."),
+    )
     max_persona_bytes: int = 16 * KIB
     max_aliases: int = 16
     max_alias_chars: int = 64

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
 
+from roundtable.domain.flags import flag
+
 
 class SessionKind(StrEnum):
     """How a turn is routed."""
@@ -116,12 +118,35 @@ OFFLINE_MODEL = ModelRef(target=ModelTarget(provider="offline", model="roundtabl
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Budgets:
-    """Limits on one turn (already merged with the server defaults)."""
+    """Limits on one turn (already merged with the server defaults).
 
-    max_speakers: int = 8
-    max_rounds: int = 2
-    max_output_tokens: int = 512
-    run_timeout_s: float = 600.0
+    The defaults are the server's own (`--default-max-speakers` ...), for a session that
+    sets no budget.
+    """
+
+    max_speakers: int = field(
+        default=8,
+        metadata=flag("default-max-speakers", "Speakers per turn when the session sets no budget."),
+    )
+    max_rounds: int = field(
+        default=2,
+        metadata=flag(
+            "default-max-rounds", "Supervisor rounds per turn when the session sets no budget."
+        ),
+    )
+    max_output_tokens: int = field(
+        default=512,
+        metadata=flag(
+            "default-max-output-tokens",
+            "Output tokens per speaker when the session sets no budget.",
+        ),
+    )
+    run_timeout_s: float = field(
+        default=600.0,
+        metadata=flag(
+            "default-run-timeout-seconds", "Wall-clock limit of a run when the session sets none."
+        ),
+    )
     max_parallel_speakers: int = 4
     """Speakers answering at once in a PARALLEL session."""
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from roundtable.domain.errors import ModelError, ModelRateLimited
+from roundtable.domain.flags import flag
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeoutPolicy:
     """Per-attempt timeout."""
 
-    default_s: float = 60.0
+    default_s: float = field(
+        default=60.0,
+        metadata=flag(
+            "model-timeout-seconds", "Per-attempt model timeout when a model ref sets none."
+        ),
+    )
     """Seconds an attempt may take when the model ref sets no timeout of its own."""
 
 
@@ -19,9 +25,17 @@ class TimeoutPolicy:
 class RetryPolicy:
     """Retries of transient errors on one target."""
 
-    max_retries: int = 2
+    max_retries: int = field(
+        default=2,
+        metadata=flag("model-max-retries", "Retries of transient model errors on one target."),
+    )
     """Retries after the first attempt (so at most 1 + max_retries attempts)."""
-    initial_backoff_s: float = 0.2
+    initial_backoff_s: float = field(
+        default=0.2,
+        metadata=flag(
+            "model-retry-backoff-seconds", "First retry backoff; doubles per retry, with jitter."
+        ),
+    )
     """Seconds before the first retry; doubles for each further retry."""
     max_backoff_s: float = 2.0
     """Upper bound of one backoff, in seconds."""
@@ -36,9 +50,20 @@ class RetryPolicy:
 class BreakerPolicy:
     """Circuit breaker per target (`llm:<provider>:<model>`, and its server's URL if set)."""
 
-    failure_threshold: int = 5
+    failure_threshold: int = field(
+        default=5,
+        metadata=flag(
+            "breaker-failure-threshold",
+            "Consecutive system failures that open a target's circuit breaker.",
+        ),
+    )
     """Consecutive system failures that open the breaker."""
-    cooldown_s: float = 30.0
+    cooldown_s: float = field(
+        default=30.0,
+        metadata=flag(
+            "breaker-cooldown-seconds", "Seconds before an open breaker lets one probe through."
+        ),
+    )
     """Seconds an open breaker waits before letting one probe through (half-open)."""
 
 

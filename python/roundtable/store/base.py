@@ -7,12 +7,10 @@ replay sends exactly the bytes that were sent live, with the same `seq`.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
@@ -56,7 +54,9 @@ class LeaseLost(Exception):
 
 @dataclass(slots=True, kw_only=True)
 class RunRecord:
-    """A run as the registry knows it."""
+    """A run as the registry knows it (its fields are the registry's columns, see
+    `roundtable.store.schema.RUNS`). The plan and the finished replies are not kept here:
+    the event log says them (GetRun reads them from it)."""
 
     tenant: str
     run_id: str
@@ -66,9 +66,6 @@ class RunRecord:
     created_at: float
     updated_at: float
     last_seq: int = 0
-    plan_json: str = "[]"
-    """The planned steps so far, as JSON (see runs.progress)."""
-    finished_reply_ids: list[str] = field(default_factory=list)
     trace_context: str = ""
     """`<trace_id>-<span_id>` (hex) of the span that first ran the run: resumes link to it."""
     owner: str = ""
@@ -93,43 +90,6 @@ class CancelMark:
     mode: str
     """"graceful" or "immediate"."""
     reason: str
-
-
-RUN_COLUMNS = (
-    "tenant",
-    "run_id",
-    "thread_id",
-    "fingerprint",
-    "status",
-    "plan_json",
-    "finished_reply_ids",
-    "last_seq",
-    "created_at",
-    "updated_at",
-    "trace_context",
-    "owner",
-    "lease_until",
-    "cancel_mode",
-    "cancel_reason",
-    "continued_by",
-)
-"""The registry's columns, in the order `run_row` and `run_from_row` use (every store)."""
-
-
-def run_row(record: RunRecord) -> tuple[object, ...]:
-    """A record as a row of RUN_COLUMNS."""
-    values = {**{name: getattr(record, name) for name in RUN_COLUMNS}}
-    values["status"] = record.status.value
-    values["finished_reply_ids"] = json.dumps(record.finished_reply_ids)
-    return tuple(values[name] for name in RUN_COLUMNS)
-
-
-def run_from_row(row: Sequence[Any]) -> RunRecord:
-    """The record of a row of RUN_COLUMNS."""
-    values = dict(zip(RUN_COLUMNS, row, strict=True))
-    values["status"] = RunStatus(values["status"])
-    values["finished_reply_ids"] = json.loads(values["finished_reply_ids"])
-    return RunRecord(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +119,7 @@ class RunStore(Protocol):
         ...
 
     async def update_run(self, record: RunRecord) -> None:
-        """Writes the run's status, plan, finished replies and last seq."""
+        """Writes the run's status and last seq."""
         ...
 
     async def append_event(
@@ -237,19 +197,15 @@ class RunStore(Protocol):
         ...
 
     async def finish_run(self, record: RunRecord, owner: str) -> bool:
-        """Writes the run's final status, plan, finished replies and last seq, and gives it
-        up (its lease and any cancel recorded for it), in one statement; only while `owner`
-        holds it, so a replica that lost the run never overwrites its new owner's record.
-        False when the row was not `owner`'s any more (nothing written)."""
+        """Writes the run's final status and last seq, and gives it up (its lease and any
+        cancel recorded for it), in one statement; only while `owner` holds it, so a replica
+        that lost the run never overwrites its new owner's record. False when the row was not
+        `owner`'s any more (nothing written)."""
         ...
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
         """Records a cancel for whichever replica runs the run; False (nothing recorded)
         when the run is no longer queued or running."""
-        ...
-
-    async def count_rows(self) -> int:
-        """Rows in the registry, the log and the checkpoint tables together (for tests)."""
         ...
 
     @property

@@ -3,85 +3,101 @@
 Several replicas use it at once. A lease on each live run (owner, expiry, renewed while
 running) keeps two replicas from executing one run; a cancel recorded here reaches the
 replica that owns the run.
+
+The tables and most statements are the ones SQLite runs too (`roundtable.store.schema`,
+`roundtable.store.registry`). What only a shared database needs lives here:
+
+- a connection pool (autocommit, dict rows: what LangGraph's saver asks of a shared pool);
+- the thread lock (`thread_lock`): a transaction-level advisory lock per thread, so two
+  replicas never start runs of one thread at once;
+- the owner fence: an append names the run's owner and is refused (`LeaseLost`) once
+  another replica took the run over, checked under a row lock in the same statement;
+  each append also reads the cancel recorded on the run's row, in the same round trip;
+- start-up marks only runs whose lease expired (other replicas' live runs are theirs).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import psycopg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from roundtable.domain.errors import ThreadBusy
-from roundtable.store.base import (
-    RUN_COLUMNS,
-    CancelMark,
-    LeaseLost,
-    RunRecord,
-    StoredEvent,
-    run_from_row,
-    run_row,
+from roundtable.store.base import CancelMark, LeaseLost, StoredEvent
+from roundtable.store.registry import SqlRegistry
+from roundtable.store.schema import (
+    TABLES,
+    ColumnType,
+    Dialect,
+    add_missing_columns,
+    create_indexes,
+    create_tables,
 )
-from roundtable.store.statements import (
-    Statements,
-    acquire_params,
-    finish_params,
-    update_params,
+from roundtable.store.statements import EVENT_COLUMNS, EVENT_VALUES, Statements, event_params
+
+POSTGRES = Dialect(
+    name="postgres",
+    types={
+        ColumnType.TEXT: "TEXT",
+        ColumnType.INTEGER: "BIGINT",
+        ColumnType.REAL: "DOUBLE PRECISION",
+        ColumnType.BLOB: "BYTEA",
+    },
+    parameter="%({})s",
+    # IF NOT EXISTS: two replicas starting at once may both find a column missing.
+    add_column="ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}",
 )
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS rt_runs (
-    tenant TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    thread_id TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    status TEXT NOT NULL,
-    plan_json TEXT NOT NULL DEFAULT '[]',
-    finished_reply_ids TEXT NOT NULL DEFAULT '[]',
-    last_seq BIGINT NOT NULL DEFAULT 0,
-    trace_context TEXT NOT NULL DEFAULT '',
-    owner TEXT NOT NULL DEFAULT '',
-    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0,
-    cancel_mode TEXT NOT NULL DEFAULT '',
-    cancel_reason TEXT NOT NULL DEFAULT '',
-    continued_by TEXT NOT NULL DEFAULT '',
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (tenant, run_id)
-);
-CREATE INDEX IF NOT EXISTS rt_runs_thread ON rt_runs (tenant, thread_id, created_at);
-CREATE TABLE IF NOT EXISTS rt_events (
-    tenant TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    seq BIGINT NOT NULL,
-    kind TEXT NOT NULL,
-    body BYTEA NOT NULL,
-    PRIMARY KEY (tenant, run_id, seq)
-);
-"""
-
-_ADDED_COLUMNS = {
-    "continued_by": "ALTER TABLE rt_runs ADD COLUMN IF NOT EXISTS continued_by TEXT NOT NULL "
-    "DEFAULT ''",
-}
-"""Columns added since the first schema: a table made before gets them at open. Looked up
-first, so a replica starting next to running ones takes no ACCESS EXCLUSIVE lock."""
-_INDEXES = "CREATE INDEX IF NOT EXISTS rt_runs_continued ON rt_runs (tenant, continued_by)"
-
-_SQL = Statements.with_placeholder("%s")
+_APPEND_READ_CANCEL = POSTGRES.bind(
+    # One round trip: the append, and the run's cancel marks as of it.
+    f"WITH appended AS (INSERT INTO rt_events ({EVENT_COLUMNS}) VALUES ({EVENT_VALUES})) "
+    "SELECT cancel_mode, cancel_reason FROM rt_runs WHERE tenant=:tenant AND run_id=:run_id"
+)
+_APPEND_OWNED = POSTGRES.bind(
+    # The same, only while the row names the owner (the owner fence). FOR SHARE orders it
+    # with a takeover's UPDATE of the owner: the append waits for it and then sees the new
+    # owner, or the takeover waits for the append, whose row its log read then sees. No
+    # row back: another replica owns the run, nothing written.
+    "WITH run AS (SELECT cancel_mode, cancel_reason FROM rt_runs "
+    "WHERE tenant=:tenant AND run_id=:run_id AND owner=:owner FOR SHARE), "
+    f"appended AS (INSERT INTO rt_events ({EVENT_COLUMNS}) SELECT {EVENT_VALUES} FROM run) "
+    "SELECT cancel_mode, cancel_reason FROM run"
+)
 
 THREAD_LOCK_TIMEOUT_S = 5.0
 """Longest wait for another replica's start of a run of the same thread."""
 
 
-class PostgresRunStore:
+async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Creates the tables, adds the columns a table from an earlier version lacks, then the
+    indexes. Columns are looked up first, so a replica starting next to running ones takes
+    no ACCESS EXCLUSIVE lock."""
+    for statement in create_tables(POSTGRES):
+        await conn.execute(statement)
+    for table in TABLES:
+        cursor = await conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %(table)s",
+            {"table": table.name},
+        )
+        present = [row["column_name"] for row in await cursor.fetchall()]
+        for statement in add_missing_columns(POSTGRES, table, present):
+            await conn.execute(statement)
+    for statement in create_indexes():
+        await conn.execute(statement)
+
+
+class PostgresRunStore(SqlRegistry):
     """Run registry and event log in Postgres, over one async connection pool."""
+
+    sql = Statements.for_dialect(POSTGRES)
 
     def __init__(
         self,
@@ -114,73 +130,38 @@ class PostgresRunStore:
         )
         await pool.open(wait=True)
         async with pool.connection() as conn:
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                await conn.execute(statement)
-            cursor = await conn.execute(
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_schema = current_schema() AND table_name = 'rt_runs'"
-            )
-            present = {row["column_name"] for row in await cursor.fetchall()}
-            for column, statement in _ADDED_COLUMNS.items():
-                if column not in present:
-                    await conn.execute(statement)
-            await conn.execute(_INDEXES)
+            await _create_schema(conn)
         saver = AsyncPostgresSaver(pool)
         await saver.setup()
         return cls(pool, saver, thread_lock_timeout_s=thread_lock_timeout_s)
 
-    async def _execute(self, sql: str, params: tuple[Any, ...]) -> int:
+    async def _write(self, sql: str, params: Mapping[str, Any]) -> int:
         async with self.pool.connection() as conn:
             cursor = await conn.execute(sql, params)
             return int(cursor.rowcount)
 
-    async def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+    async def _read(self, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        # Tuples, as sqlite3 gives them: the pool's rows are dicts (LangGraph's saver's need).
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(sql, params)
-            return list(await cursor.fetchall())
-
-    async def create_run(self, record: RunRecord) -> bool:
-        return await self._execute(_SQL.create_run, run_row(record)) == 1
-
-    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
-        rows = await self._fetch(_SQL.get_run, (tenant, run_id))
-        return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
-
-    async def update_run(self, record: RunRecord) -> None:
-        record.updated_at = time.time()
-        await self._execute(_SQL.update_run, update_params(record))
+            cursor = conn.cursor(row_factory=tuple_row)
+            await cursor.execute(sql, params)
+            rows: list[tuple[Any, ...]] = await cursor.fetchall()
+            return rows
 
     async def append_event(
         self, tenant: str, run_id: str, event: StoredEvent, *, owner: str | None = None
     ) -> CancelMark | None:
-        values = (tenant, run_id, event.seq, event.kind, event.body)
+        params = event_params(tenant, run_id, event.seq, event.kind, event.body)
         if owner is None:
-            rows = await self._fetch(_SQL.append_event_read_cancel, (*values, tenant, run_id))
+            rows = await self._read(_APPEND_READ_CANCEL, params)
         else:
-            rows = await self._fetch(_SQL.append_event_owned, (tenant, run_id, owner, *values))
+            rows = await self._read(_APPEND_OWNED, {**params, "owner": owner})
             if not rows:
                 raise LeaseLost(run_id)
-        if not rows or not rows[0]["cancel_mode"]:
+        if not rows or not rows[0][0]:
             return None
-        return CancelMark(rows[0]["cancel_mode"], rows[0]["cancel_reason"])
-
-    async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
-        rows = await self._fetch(_SQL.read_events, (tenant, run_id, after_seq))
-        return [StoredEvent(r["seq"], r["kind"], bytes(r["body"])) for r in rows]
-
-    async def resumable_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str = "", limit: int = 1
-    ) -> list[RunRecord]:
-        rows = await self._fetch(_SQL.resumable_runs, (tenant, thread_id, exclude_run_id, limit))
-        return [run_from_row([row[c] for c in RUN_COLUMNS]) for row in rows]
-
-    async def live_thread_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
-    ) -> list[RunRecord]:
-        rows = await self._fetch(
-            _SQL.live_thread_runs, (tenant, thread_id, exclude_run_id, owner, now)
-        )
-        return [run_from_row([row[c] for c in RUN_COLUMNS]) for row in rows]
+        mode, reason = rows[0]
+        return CancelMark(mode, reason)
 
     @contextlib.asynccontextmanager
     async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:
@@ -219,50 +200,17 @@ class PostgresRunStore:
                 # COMMIT, not ROLLBACK: measured ≈0.1 ms cheaper a turn through the pool.
                 await conn.execute("COMMIT")
 
-    async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
-        now = time.time()
-        params = (by_run_id, now, tenant, run_id, now)
-        return await self._execute(_SQL.claim_continuation, params) == 1
-
-    async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:
-        rows = await self._fetch(_SQL.continued_run, (tenant, by_run_id))
-        return run_from_row([rows[0][c] for c in RUN_COLUMNS]) if rows else None
-
     async def mark_interrupted(self) -> list[tuple[str, str]]:
-        now = time.time()
-        rows = await self._fetch(
+        rows = await self._read(
             # The owner goes too: a replica that was only late to renew (a pause) then
             # finds the run is not its own any more (LeaseLost) instead of running on
             # under an 'interrupted' row nobody else can cancel or see.
-            "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=%s "
-            "WHERE status IN ('running','queued') AND lease_until<%s RETURNING tenant, run_id",
-            (now, now),
+            "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=%(now)s "
+            "WHERE status IN ('running','queued') AND lease_until<%(now)s "
+            "RETURNING tenant, run_id",
+            {"now": time.time()},
         )
-        return [(row["tenant"], row["run_id"]) for row in rows]
-
-    async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
-        return await self._execute(_SQL.acquire_lease, params) == 1
-
-    async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        params = (time.time() + ttl_s, tenant, run_id, owner)
-        return await self._execute(_SQL.renew_lease, params) == 1
-
-    async def finish_run(self, record: RunRecord, owner: str) -> bool:
-        record.updated_at = time.time()
-        return await self._execute(_SQL.finish_run, finish_params(record, owner)) == 1
-
-    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
-        return await self._execute(_SQL.request_cancel, (mode, reason, tenant, run_id)) == 1
-
-    async def count_rows(self) -> int:
-        rows = await self._fetch(
-            "SELECT (SELECT COUNT(*) FROM rt_runs) + (SELECT COUNT(*) FROM rt_events)"
-            " + (SELECT COUNT(*) FROM checkpoints) + (SELECT COUNT(*) FROM checkpoint_writes)"
-            " AS n",
-            (),
-        )
-        return int(rows[0]["n"])
+        return [(tenant, run_id) for tenant, run_id in rows]
 
     @property
     def shared(self) -> bool:

@@ -17,6 +17,10 @@ every `checkpoint_every` writes the store checkpoints on a worker thread, throug
 connection of its own (`SqliteRunStore._checkpoint_wal`). Without them the log would
 only grow: the saver, the one connection that checkpoints by itself, writes nothing for a
 turn that completes (durability "exit"), and a served turn appends ≈110 KB to the log.
+
+The tables and statements are the ones Postgres runs too (`roundtable.store.schema`,
+`roundtable.store.registry`); this module holds what is SQLite's own: the connections and
+their pragmas, the checkpoints off the loop, and the lock that keeps a file to one process.
 """
 
 from __future__ import annotations
@@ -28,53 +32,40 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from roundtable.domain.errors import InvalidSettings
-from roundtable.store.base import CancelMark, RunRecord, StoredEvent, run_from_row, run_row
-from roundtable.store.statements import (
-    Statements,
-    acquire_params,
-    finish_params,
-    update_params,
+from roundtable.store.base import CancelMark, StoredEvent
+from roundtable.store.registry import SqlRegistry
+from roundtable.store.schema import (
+    TABLES,
+    ColumnType,
+    Dialect,
+    add_missing_columns,
+    create_indexes,
+    create_tables,
 )
+from roundtable.store.statements import Statements, event_params
 
 log = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS rt_runs (
-    tenant TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    thread_id TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    status TEXT NOT NULL,
-    plan_json TEXT NOT NULL DEFAULT '[]',
-    finished_reply_ids TEXT NOT NULL DEFAULT '[]',
-    last_seq INTEGER NOT NULL DEFAULT 0,
-    trace_context TEXT NOT NULL DEFAULT '',
-    owner TEXT NOT NULL DEFAULT '',
-    lease_until REAL NOT NULL DEFAULT 0,
-    cancel_mode TEXT NOT NULL DEFAULT '',
-    cancel_reason TEXT NOT NULL DEFAULT '',
-    continued_by TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (tenant, run_id)
-);
-CREATE INDEX IF NOT EXISTS rt_runs_thread ON rt_runs (tenant, thread_id, created_at);
-CREATE TABLE IF NOT EXISTS rt_events (
-    tenant TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    body BLOB NOT NULL,
-    PRIMARY KEY (tenant, run_id, seq)
-) WITHOUT ROWID;
-"""
+SQLITE = Dialect(
+    name="sqlite",
+    types={
+        ColumnType.TEXT: "TEXT",
+        ColumnType.INTEGER: "INTEGER",
+        ColumnType.REAL: "REAL",
+        ColumnType.BLOB: "BLOB",
+    },
+    parameter=":{}",
+    # The log is read by its key only: without a rowid its rows sit in key order.
+    clustered=" WITHOUT ROWID",
+)
 
 
 def _lock_for_this_process(path: Path) -> int | None:
@@ -100,21 +91,6 @@ def _lock_for_this_process(path: Path) -> int | None:
         ) from None
     return fd
 
-
-_ADDED_COLUMNS = {
-    column: f"ALTER TABLE rt_runs ADD COLUMN {column} {kind}"
-    for column, kind in (
-        ("trace_context", "TEXT NOT NULL DEFAULT ''"),
-        ("owner", "TEXT NOT NULL DEFAULT ''"),
-        ("lease_until", "REAL NOT NULL DEFAULT 0"),
-        ("cancel_mode", "TEXT NOT NULL DEFAULT ''"),
-        ("cancel_reason", "TEXT NOT NULL DEFAULT ''"),
-        ("continued_by", "TEXT NOT NULL DEFAULT ''"),
-    )
-}
-"""Columns added since the first schema (every one of them: a file from any earlier
-version opens): a database file made before gets them at open."""
-_INDEXES = "CREATE INDEX IF NOT EXISTS rt_runs_continued ON rt_runs (tenant, continued_by)"
 
 _PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -171,16 +147,30 @@ def connect_log(path: Path) -> sqlite3.Connection:
     return conn
 
 
-_SQL = Statements.with_placeholder("?")
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """Creates the tables, adds the columns a file from an earlier version lacks (every
+    version's file opens), then the indexes."""
+    for statement in create_tables(SQLITE):
+        conn.execute(statement)
+    for table in TABLES:
+        present = [
+            row[0] for row in conn.execute("SELECT name FROM pragma_table_info(?)", (table.name,))
+        ]
+        for statement in add_missing_columns(SQLITE, table, present):
+            conn.execute(statement)
+    for statement in create_indexes():
+        conn.execute(statement)
 
 
-class SqliteRunStore:
+class SqliteRunStore(SqlRegistry):
     """Run registry and event log in SQLite. Autocommit: each statement is its own commit.
 
     The methods are coroutines (the `RunStore` protocol) that do not await (a write waits
     only for a WAL checkpoint's short final pass): each is one short statement on the
     loop's thread (see the module docstring for why).
     """
+
+    sql = Statements.for_dialect(SQLITE)
 
     def __init__(
         self,
@@ -273,12 +263,7 @@ class SqliteRunStore:
         lock_fd = _lock_for_this_process(path)
         try:
             conn = connect_log(path)
-            conn.executescript(_SCHEMA)
-            present = {row[1] for row in conn.execute("PRAGMA table_info(rt_runs)")}
-            for column, statement in _ADDED_COLUMNS.items():
-                if column not in present:
-                    conn.execute(statement)
-            conn.execute(_INDEXES)
+            _create_schema(conn)
             saver = AsyncSqliteSaver(await connect_sqlite(path))
             await saver.setup()
         except BaseException:
@@ -287,102 +272,40 @@ class SqliteRunStore:
             raise
         return cls(conn, saver, path=path, checkpoint_every=checkpoint_every, lock_fd=lock_fd)
 
-    async def create_run(self, record: RunRecord) -> bool:
+    async def _write(self, sql: str, params: Mapping[str, Any]) -> int:
         await self._before_write()
-        return self.conn.execute(_SQL.create_run, run_row(record)).rowcount == 1
+        return int(self.conn.execute(sql, params).rowcount)
 
-    async def get_run(self, tenant: str, run_id: str) -> RunRecord | None:
-        row = self.conn.execute(_SQL.get_run, (tenant, run_id)).fetchone()
-        return run_from_row(row) if row else None
-
-    async def update_run(self, record: RunRecord) -> None:
-        record.updated_at = time.time()
-        await self._before_write()
-        self.conn.execute(_SQL.update_run, update_params(record))
+    async def _read(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        return self.conn.execute(sql, params).fetchall()
 
     async def append_event(
         self, tenant: str, run_id: str, event: StoredEvent, *, owner: str | None = None
     ) -> CancelMark | None:
         # No fence: the file is this process's alone (start-up marks a dead one's runs).
-        await self._before_write()
-        self.conn.execute(_SQL.append_event, (tenant, run_id, event.seq, event.kind, event.body))
+        await self._write(
+            self.sql.append_event, event_params(tenant, run_id, event.seq, event.kind, event.body)
+        )
         return None  # the file is this process's: its cancels never go through the row
-
-    async def read_events(self, tenant: str, run_id: str, after_seq: int) -> list[StoredEvent]:
-        rows = self.conn.execute(_SQL.read_events, (tenant, run_id, after_seq)).fetchall()
-        return [StoredEvent(r[0], r[1], bytes(r[2])) for r in rows]
-
-    async def resumable_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str = "", limit: int = 1
-    ) -> list[RunRecord]:
-        rows = self.conn.execute(
-            _SQL.resumable_runs, (tenant, thread_id, exclude_run_id, limit)
-        ).fetchall()
-        return [run_from_row(row) for row in rows]
-
-    async def live_thread_runs(
-        self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
-    ) -> list[RunRecord]:
-        rows = self.conn.execute(
-            _SQL.live_thread_runs, (tenant, thread_id, exclude_run_id, owner, now)
-        ).fetchall()
-        return [run_from_row(row) for row in rows]
 
     @contextlib.asynccontextmanager
     async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:
         """A no-op: the file belongs to one process, whose RunManager serializes starts."""
         yield
 
-    async def claim_continuation(self, tenant: str, run_id: str, by_run_id: str) -> bool:
-        await self._before_write()
-        now = time.time()
-        params = (by_run_id, now, tenant, run_id, now)
-        return self.conn.execute(_SQL.claim_continuation, params).rowcount == 1
-
-    async def continued_run(self, tenant: str, by_run_id: str) -> RunRecord | None:
-        row = self.conn.execute(_SQL.continued_run, (tenant, by_run_id)).fetchone()
-        return run_from_row(row) if row else None
-
     async def mark_interrupted(self) -> list[tuple[str, str]]:
         await self._before_write()
         cursor = self.conn.execute(
             # The file belongs to this process: whoever held these runs is gone.
-            "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=? "
+            "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=:now "
             "WHERE status IN ('running','queued') RETURNING tenant, run_id",
-            (time.time(),),
+            {"now": time.time()},
         )
         return [(tenant, run_id) for tenant, run_id in cursor.fetchall()]
-
-    async def acquire_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        await self._before_write()
-        params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
-        return self.conn.execute(_SQL.acquire_lease, params).rowcount == 1
-
-    async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
-        await self._before_write()
-        params = (time.time() + ttl_s, tenant, run_id, owner)
-        return self.conn.execute(_SQL.renew_lease, params).rowcount == 1
-
-    async def finish_run(self, record: RunRecord, owner: str) -> bool:
-        record.updated_at = time.time()
-        await self._before_write()
-        return self.conn.execute(_SQL.finish_run, finish_params(record, owner)).rowcount == 1
-
-    async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
-        await self._before_write()
-        return self.conn.execute(_SQL.request_cancel, (mode, reason, tenant, run_id)).rowcount == 1
 
     @property
     def shared(self) -> bool:
         return False
-
-    async def count_rows(self) -> int:
-        cursor = self.conn.execute(
-            "SELECT (SELECT COUNT(*) FROM rt_runs) + (SELECT COUNT(*) FROM rt_events)"
-            " + (SELECT COUNT(*) FROM checkpoints) + (SELECT COUNT(*) FROM writes)"
-        )
-        row = cursor.fetchone()
-        return int(row[0]) if row else 0
 
     async def close(self) -> None:
         self._path = None  # no checkpoint starts from here on

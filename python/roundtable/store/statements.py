@@ -1,31 +1,38 @@
-"""The SQL both stores share, written once; each store renders it with its placeholder.
+"""The SQL both stores share, written once with named parameters (`:tenant`).
 
-SQLite (qmark: `?`) and Postgres through psycopg (`%s`) run the same statements on the same
-tables. What differs stays in the stores: the schema's types, how a dead owner's runs
-are marked at start-up, and the names of LangGraph's checkpoint tables.
+SQLite (sqlite3 takes `:name` as it stands) and Postgres through psycopg (`%(name)s`) run
+the same statements on the same tables (`roundtable.store.schema`): `Statements.for_dialect`
+renders them in a dialect's parameter style, and every statement takes a dict. What differs
+stays in the stores: how a dead owner's runs are marked at start-up, and Postgres's appends
+that read the run's cancel and fence out a replica that lost the run.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
-from roundtable.store.base import RUN_COLUMNS, RunRecord
+from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.schema import EVENTS, RUNS, Dialect
 
-_COLUMNS = ", ".join(RUN_COLUMNS)
+RUN_COLUMNS = RUNS.column_names
+"""The registry's columns, as every SELECT of runs lists them (`run_from_row`'s order)."""
+
+_RUNS = ", ".join(RUN_COLUMNS)
+EVENT_COLUMNS = ", ".join(EVENTS.column_names)
+EVENT_VALUES = ", ".join(f":{c}" for c in EVENTS.column_names)
+"""An event's parameters, in EVENT_COLUMNS' order (`event_params` gives their values)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Statements:
-    """The run registry's and event log's statements, for one placeholder style."""
+    """The run registry's and event log's statements, in one parameter style."""
 
     create_run: str
     get_run: str
     update_run: str
     append_event: str
-    append_event_read_cancel: str
-    append_event_owned: str
     read_events: str
     resumable_runs: str
     live_thread_runs: str
@@ -37,106 +44,105 @@ class Statements:
     request_cancel: str
 
     @classmethod
-    def with_placeholder(cls, p: str) -> Statements:
-        """Every statement with `p` as its parameter placeholder."""
-        return cls(
-            create_run=(
-                f"INSERT INTO rt_runs ({_COLUMNS}) VALUES ({','.join([p] * len(RUN_COLUMNS))}) "
-                "ON CONFLICT (tenant, run_id) DO NOTHING"
-            ),
-            get_run=f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND run_id={p}",
-            update_run=(
-                f"UPDATE rt_runs SET status={p}, plan_json={p}, finished_reply_ids={p}, "
-                f"last_seq={p}, updated_at={p} WHERE tenant={p} AND run_id={p}"
-            ),
-            append_event=(
-                "INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
-                f"VALUES ({p},{p},{p},{p},{p})"
-            ),
-            append_event_read_cancel=(
-                # One round trip: the append, and the run's cancel marks as of it.
-                "WITH appended AS (INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
-                f"VALUES ({p},{p},{p},{p},{p})) "
-                f"SELECT cancel_mode, cancel_reason FROM rt_runs WHERE tenant={p} AND run_id={p}"
-            ),
-            append_event_owned=(
-                # The same, only while the row names the owner. FOR SHARE orders it with a
-                # takeover's UPDATE of the owner: the append waits for it and then sees the
-                # new owner, or the takeover waits for the append, whose row its log read
-                # then sees. No row back: another replica owns the run, nothing written.
-                "WITH run AS (SELECT cancel_mode, cancel_reason FROM rt_runs "
-                f"WHERE tenant={p} AND run_id={p} AND owner={p} FOR SHARE), "
-                "appended AS (INSERT INTO rt_events (tenant, run_id, seq, kind, body) "
-                f"SELECT {p},{p},{p},{p},{p} FROM run) "
-                "SELECT cancel_mode, cancel_reason FROM run"
-            ),
-            read_events=(
-                f"SELECT seq, kind, body FROM rt_events WHERE tenant={p} AND run_id={p} "
-                f"AND seq>{p} ORDER BY seq"
-            ),
-            resumable_runs=(
-                f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
-                f"AND run_id<>{p} AND status IN ('cancelled','interrupted') "
-                f"ORDER BY created_at DESC LIMIT {p}"
-            ),
-            live_thread_runs=(
-                f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND thread_id={p} "
-                f"AND run_id<>{p} AND owner<>{p} AND status IN ('running','queued') "
-                f"AND lease_until>{p} ORDER BY created_at"
-            ),
-            claim_continuation=(
-                f"UPDATE rt_runs SET status='continued', continued_by={p}, updated_at={p} "
-                f"WHERE tenant={p} AND run_id={p} AND status IN ('cancelled','interrupted') "
-                # Not while a replica resumes it (a StartRun retry of that run).
-                f"AND (owner='' OR lease_until<{p})"
-            ),
-            continued_run=(
-                f"SELECT {_COLUMNS} FROM rt_runs WHERE tenant={p} AND continued_by={p} LIMIT 1"
-            ),
-            acquire_lease=(
-                f"UPDATE rt_runs SET owner={p}, lease_until={p} WHERE tenant={p} AND run_id={p} "
-                f"AND (owner='' OR owner={p} OR lease_until<{p}) "
-                # A run a continue turn took over is never run again, nor one that ended;
-                # a failed one only when it failed retryably (the manager checks the log).
-                "AND status IN ('running','queued','cancelled','interrupted','failed')"
-            ),
-            renew_lease=(
-                f"UPDATE rt_runs SET lease_until={p} WHERE tenant={p} AND run_id={p} AND owner={p}"
-            ),
-            finish_run=(
-                f"UPDATE rt_runs SET status={p}, plan_json={p}, finished_reply_ids={p}, "
-                f"last_seq={p}, updated_at={p}, owner='', lease_until=0, cancel_mode='', "
-                f"cancel_reason='' WHERE tenant={p} AND run_id={p} AND owner={p}"
-            ),
-            # Only a queued or running run takes a cancel: one recorded after the run ended
-            # would stay on its row and stop its next resume at once.
-            request_cancel=(
-                f"UPDATE rt_runs SET cancel_mode={p}, cancel_reason={p} "
-                f"WHERE tenant={p} AND run_id={p} AND status IN ('queued', 'running')"
-            ),
-        )
+    def for_dialect(cls, dialect: Dialect) -> Statements:
+        """Every statement with the dialect's parameters."""
+        return cls(**{f.name: dialect.bind(getattr(_TEMPLATES, f.name)) for f in fields(cls)})
 
 
-def update_params(record: RunRecord) -> tuple[Any, ...]:
-    """The parameters of `update_run` (the caller has set `record.updated_at`)."""
-    return (
-        record.status.value,
-        record.plan_json,
-        json.dumps(record.finished_reply_ids),
-        record.last_seq,
-        record.updated_at,
-        record.tenant,
-        record.run_id,
-    )
+_TEMPLATES = Statements(
+    create_run=(
+        f"INSERT INTO rt_runs ({_RUNS}) VALUES ({', '.join(f':{c}' for c in RUN_COLUMNS)}) "
+        "ON CONFLICT (tenant, run_id) DO NOTHING"
+    ),
+    get_run=f"SELECT {_RUNS} FROM rt_runs WHERE tenant=:tenant AND run_id=:run_id",
+    update_run=(
+        "UPDATE rt_runs SET status=:status, last_seq=:last_seq, updated_at=:updated_at "
+        "WHERE tenant=:tenant AND run_id=:run_id"
+    ),
+    append_event=f"INSERT INTO rt_events ({EVENT_COLUMNS}) VALUES ({EVENT_VALUES})",
+    read_events=(
+        "SELECT seq, kind, body FROM rt_events WHERE tenant=:tenant AND run_id=:run_id "
+        "AND seq>:after_seq ORDER BY seq"
+    ),
+    resumable_runs=(
+        f"SELECT {_RUNS} FROM rt_runs WHERE tenant=:tenant AND thread_id=:thread_id "
+        "AND run_id<>:exclude_run_id AND status IN ('cancelled','interrupted') "
+        "ORDER BY created_at DESC LIMIT :limit"
+    ),
+    live_thread_runs=(
+        f"SELECT {_RUNS} FROM rt_runs WHERE tenant=:tenant AND thread_id=:thread_id "
+        "AND run_id<>:exclude_run_id AND owner<>:owner AND status IN ('running','queued') "
+        "AND lease_until>:now ORDER BY created_at"
+    ),
+    claim_continuation=(
+        "UPDATE rt_runs SET status='continued', continued_by=:by_run_id, updated_at=:now "
+        "WHERE tenant=:tenant AND run_id=:run_id AND status IN ('cancelled','interrupted') "
+        # Not while a replica resumes it (a StartRun retry of that run).
+        "AND (owner='' OR lease_until<:now)"
+    ),
+    continued_run=(
+        f"SELECT {_RUNS} FROM rt_runs WHERE tenant=:tenant AND continued_by=:by_run_id LIMIT 1"
+    ),
+    acquire_lease=(
+        "UPDATE rt_runs SET owner=:owner, lease_until=:lease_until "
+        "WHERE tenant=:tenant AND run_id=:run_id "
+        "AND (owner='' OR owner=:owner OR lease_until<:now) "
+        # A run a continue turn took over is never run again, nor one that ended;
+        # a failed one only when it failed retryably (the manager checks the log).
+        "AND status IN ('running','queued','cancelled','interrupted','failed')"
+    ),
+    renew_lease=(
+        "UPDATE rt_runs SET lease_until=:lease_until "
+        "WHERE tenant=:tenant AND run_id=:run_id AND owner=:owner"
+    ),
+    finish_run=(
+        # `holder`, not `owner`: the record's own owner column is not what is checked.
+        "UPDATE rt_runs SET status=:status, last_seq=:last_seq, updated_at=:updated_at, "
+        "owner='', lease_until=0, cancel_mode='', cancel_reason='' "
+        "WHERE tenant=:tenant AND run_id=:run_id AND owner=:holder"
+    ),
+    # Only a queued or running run takes a cancel: one recorded after the run ended
+    # would stay on its row and stop its next resume at once.
+    request_cancel=(
+        "UPDATE rt_runs SET cancel_mode=:cancel_mode, cancel_reason=:cancel_reason "
+        "WHERE tenant=:tenant AND run_id=:run_id AND status IN ('queued', 'running')"
+    ),
+)
 
 
-def finish_params(record: RunRecord, owner: str) -> tuple[Any, ...]:
-    """The parameters of `finish_run` (the caller has set `record.updated_at`)."""
-    return (*update_params(record), owner)
+def run_params(record: RunRecord) -> dict[str, Any]:
+    """A record as the parameters of `create_run` and `update_run` (by column name)."""
+    params = {name: getattr(record, name) for name in RUN_COLUMNS}
+    params["status"] = record.status.value
+    return params
+
+
+def run_from_row(row: Sequence[Any]) -> RunRecord:
+    """The record of a row of RUN_COLUMNS, in their order."""
+    values = dict(zip(RUN_COLUMNS, row, strict=True))
+    values["status"] = RunStatus(values["status"])
+    return RunRecord(**values)
+
+
+def finish_params(record: RunRecord, owner: str) -> dict[str, Any]:
+    """The parameters of `finish_run`: only while `owner` holds the run (the caller has set
+    `record.updated_at`)."""
+    return {**run_params(record), "holder": owner}
 
 
 def acquire_params(
     tenant: str, run_id: str, owner: str, ttl_s: float, now: float
-) -> tuple[Any, ...]:
+) -> dict[str, Any]:
     """The parameters of `acquire_lease`: take it when free, ours, or expired at `now`."""
-    return (owner, now + ttl_s, tenant, run_id, owner, now)
+    return {
+        "tenant": tenant,
+        "run_id": run_id,
+        "owner": owner,
+        "lease_until": now + ttl_s,
+        "now": now,
+    }
+
+
+def event_params(tenant: str, run_id: str, seq: int, kind: str, body: bytes) -> dict[str, Any]:
+    """The parameters of the `append_event` statements (with `owner` for the fenced one)."""
+    return {"tenant": tenant, "run_id": run_id, "seq": seq, "kind": kind, "body": body}

@@ -1,0 +1,27 @@
+"""How a policy field is set from `roundtable serve`: the flag its field's metadata names.
+
+A policy dataclass (harness policies, request and run limits, budgets) keeps its own
+defaults; a field an operator may set carries `metadata=flag(...)` with the flag's name
+(also the `ROUNDTABLE_*` variable's) and its meaning. `roundtable.settings` walks these
+fields, so each knob's default is written once: in its policy class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+FLAG = "flag"
+"""The metadata key of a field's flag name, without its leading dashes."""
+HELP = "help"
+"""The metadata key of the flag's meaning, as `--help` shows it."""
+
+
+def flag(name: str, meaning: str) -> Mapping[str, str]:
+    """Field metadata: the field is set by `--<name>` and `ROUNDTABLE_<NAME>`.
+
+    Args:
+        name: The flag without its dashes, e.g. "model-timeout-seconds".
+        meaning: What the flag does, in an operator's words (shown by `--help`).
+    """
+    return MappingProxyType({FLAG: name, HELP: meaning})

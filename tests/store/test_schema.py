@@ -1,0 +1,91 @@
+"""One schema and one set of statements, rendered for SQLite and Postgres alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sqlite3
+import time
+from pathlib import Path
+
+import psycopg
+from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.postgres import POSTGRES, PostgresRunStore
+from roundtable.store.schema import RUNS
+from roundtable.store.sqlite import SQLITE, SqliteRunStore
+from roundtable.store.statements import Statements
+from support.stores import OLD_RT_RUNS, drop_schema, new_schema, postgres_dsn
+
+
+def test_the_registry_columns_are_the_records_fields() -> None:
+    assert set(RUNS.column_names) == {f.name for f in dataclasses.fields(RunRecord)}
+
+
+def test_each_dialect_gets_every_statement_in_its_own_parameter_style() -> None:
+    sqlite, postgres = Statements.for_dialect(SQLITE), Statements.for_dialect(POSTGRES)
+    for field in dataclasses.fields(Statements):
+        ours, theirs = getattr(sqlite, field.name), getattr(postgres, field.name)
+        assert "%(" not in ours
+        assert not re.search(r"(?<![:\w]):\w", theirs), theirs
+        assert re.sub(r"%\((\w+)\)s", r":\1", theirs) == ours
+
+
+def new_run(run_id: str) -> RunRecord:
+    now = time.time()
+    return RunRecord(
+        tenant="acme",
+        run_id=run_id,
+        thread_id="t-1",
+        fingerprint="f",
+        status=RunStatus.RUNNING,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+async def takes_a_run_to_its_end(store: SqliteRunStore | PostgresRunStore) -> None:
+    """A run is created, leased and finished on a table that still has dropped columns."""
+    run = new_run("new")
+    assert await store.create_run(run)
+    assert await store.acquire_lease("acme", "new", "replica-x", 10.0)
+    run.status, run.last_seq = RunStatus.SUCCEEDED, 3
+    assert await store.finish_run(run, "replica-x")
+    done = await store.get_run("acme", "new")
+    assert done is not None and (done.status, done.last_seq) == (RunStatus.SUCCEEDED, 3)
+
+
+async def test_a_sqlite_file_with_the_dropped_plan_columns_still_works(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:
+        old.execute(OLD_RT_RUNS)  # plan_json and finished_reply_ids, with defaults
+    store = await SqliteRunStore.open(path)
+    try:
+        await takes_a_run_to_its_end(store)
+    finally:
+        await store.close()
+
+
+async def test_a_postgres_table_with_the_dropped_plan_columns_still_works() -> None:
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    try:
+        with psycopg.connect(url, autocommit=True) as old:
+            old.execute(OLD_RT_RUNS)
+        store = await PostgresRunStore.open(url)
+        try:
+            await takes_a_run_to_its_end(store)
+        finally:
+            await store.close()
+    finally:
+        drop_schema(dsn, url)
+
+
+async def test_a_new_sqlite_file_has_the_schemas_columns_only(tmp_path: Path) -> None:
+    store = await SqliteRunStore.open(tmp_path / "new.db")
+    try:
+        columns = [
+            row[0] for row in store.conn.execute("SELECT name FROM pragma_table_info('rt_runs')")
+        ]
+        assert columns == list(RUNS.column_names)
+    finally:
+        await store.close()
