@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
 import os
@@ -41,7 +40,7 @@ from roundtable.runs.execution import Executor
 from roundtable.runs.follow import Follower
 from roundtable.runs.log import EventLog
 from roundtable.runs.manager import RunManager, default_owner
-from roundtable.runs.registry import LiveRegistry, RunLimits
+from roundtable.runs.registry import LiveRegistry
 from roundtable.settings import Settings
 from roundtable.store.base import RunStore
 from roundtable.store.checkpoints import BoundarySaver
@@ -121,9 +120,7 @@ def build_run_manager(
 ) -> RunManager:
     """The runs layer: the live registry, the execution of runs over the conversation
     graph, following other replicas' runs, and the coordination strategy."""
-    # runs/ still has a RunLimits of its own: copied over until it takes
-    # roundtable.domain.limits.RunLimits (then: limits = settings.run_limits).
-    limits = RunLimits(**dataclasses.asdict(settings.run_limits))
+    limits = settings.run_limits
     log = EventLog(store)
     registry = LiveRegistry(limits)
     coordination = coordination_for(store, settings)

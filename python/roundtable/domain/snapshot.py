@@ -147,7 +147,13 @@ class Budgets:
             "default-run-timeout-seconds", "Wall-clock limit of a run when the session sets none."
         ),
     )
-    max_parallel_speakers: int = 4
+    max_parallel_speakers: int = field(
+        default=4,
+        metadata=flag(
+            "default-max-parallel-speakers",
+            "Speakers answering at once in a PARALLEL session when the session sets no budget.",
+        ),
+    )
     """Speakers answering at once in a PARALLEL session."""
 
 

@@ -4,28 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import dataclass
 
 from roundtable.domain.errors import TooManyRuns
+from roundtable.domain.limits import RunLimits
 from roundtable.runs.live import LiveRun
 from roundtable.runs.threads import LocalRun
 
 SHUTDOWN_REASON = "server_shutdown"
 """The stop reason of runs a draining server interrupts (they resume on the same StartRun)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunLimits:
-    """Backpressure: how much this process takes on."""
-
-    max_runs: int = 2_000
-    """Runs executing at once."""
-    max_runs_per_tenant: int = 500
-    """Runs of one tenant executing at once."""
-    stream_buffer: int = 1_024
-    """Events buffered per stream (see `live.Subscription`)."""
-    max_streams_per_run: int = 64
-    """Streams attached to one live run at once (a follower costs ≈60 KB)."""
 
 
 class LiveRegistry:
