@@ -164,26 +164,9 @@ class RunningServer:
         return f"127.0.0.1:{self.port}"
 
 
-@contextlib.asynccontextmanager
-async def running_server(
-    settings: Settings,
-    *,
-    extra_providers: Mapping[str, ChatProvider] | None = None,
-    telemetry: Telemetry | None = None,
-) -> AsyncIterator[RunningServer]:
-    """Builds everything, starts serving, and on exit drains runs and stops the server.
-
-    `telemetry` defaults to what the standard OTEL_* variables configure (nothing, when
-    no endpoint is set).
-    """
-    # Security settings first: a server that would be unsafe or unusable never opens its store.
-    auth = Authenticator.from_settings(settings)
-    credentials = server_credentials(settings)
-    check_listen_address(settings, authenticated=auth.enabled)
-    telemetry = telemetry or telemetry_from_env(os.environ)
-    metrics = Metrics(telemetry.meter("roundtable"))
-    limits = settings.request_limits
-    server = grpc.aio.server(
+def _grpc_server(settings: Settings, auth: Authenticator, telemetry: Telemetry) -> grpc.aio.Server:
+    """The grpc.aio server with its interceptors and transport options (nothing bound yet)."""
+    return grpc.aio.server(
         # One span per RPC, continuing the caller's W3C traceparent (and baggage), when
         # spans are exported: with nothing configured the interceptor would only add an
         # async generator and a no-op span to every message of every stream.
@@ -210,10 +193,50 @@ async def running_server(
             ("grpc.http2.bdp_probe", 0),
             # Leave room above our own limit so an oversized request gets our precise
             # INVALID_ARGUMENT instead of the transport's RESOURCE_EXHAUSTED.
-            ("grpc.max_receive_message_length", limits.max_request_bytes + 1024 * 1024),
+            (
+                "grpc.max_receive_message_length",
+                settings.request_limits.max_request_bytes + 1024 * 1024,
+            ),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
         ],
     )
+
+
+def _add_standard_services(server: grpc.aio.Server) -> HealthServicer:
+    """Health (answers before any credential) and server reflection; returns the health
+    servicer, set SERVING once the server has started."""
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    return health
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    settings: Settings,
+    *,
+    extra_providers: Mapping[str, ChatProvider] | None = None,
+    telemetry: Telemetry | None = None,
+) -> AsyncIterator[RunningServer]:
+    """Builds everything, starts serving, and on exit drains runs and stops the server.
+
+    `telemetry` defaults to what the standard OTEL_* variables configure (nothing, when
+    no endpoint is set).
+    """
+    # Security settings first: a server that would be unsafe or unusable never opens its store.
+    auth = Authenticator.from_settings(settings)
+    credentials = server_credentials(settings)
+    check_listen_address(settings, authenticated=auth.enabled)
+    telemetry = telemetry or telemetry_from_env(os.environ)
+    metrics = Metrics(telemetry.meter("roundtable"))
+    server = _grpc_server(settings, auth, telemetry)
     # The port before the store: a server that cannot listen never marks a store's runs.
     try:
         bound = _bind(server, settings, credentials)
@@ -246,7 +269,7 @@ async def running_server(
     add_to_server(
         OrchestratorServicer(
             manager,
-            limits=limits,
+            limits=settings.request_limits,
             providers=providers.keys(),
             budgets=settings.budgets,
             metrics=metrics,
@@ -254,16 +277,7 @@ async def running_server(
         ),
         server,
     )
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
+    health = _add_standard_services(server)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
