@@ -22,10 +22,12 @@ OTELCOL_OUT ?= var/otelcol
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: python/pyproject.toml python/constraints.txt
+# Two distributions share the namespace package `roundtable`: clients/python (roundtable-client:
+# the generated roundtable.v1 and the client library roundtable_client) and python (the server).
+$(VENV)/.installed: python/pyproject.toml python/constraints.txt clients/python/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c python/constraints.txt -e "python[dev]"
+	$(PY) -m pip install -q -c python/constraints.txt -e "clients/python[test]" -e "python[dev]"
 	@touch $@
 
 venv: $(VENV)/.installed ## Create the virtualenv and install the package with dev tools
@@ -65,21 +67,21 @@ test-llm: venv ## The real-model tests (tests/real_model) against llama-server, 
 test-collector: venv $(OTELCOL) ## The trace tests against the real OTel Collector (builds it first)
 	ROUNDTABLE_OTELCOL=$(OTELCOL) $(PY) -m pytest -m collector $(ARGS)
 
-generate: venv tools ## Regenerate Python and Go code from proto/
-	scripts/generate.sh
+generate: venv tools ## Regenerate Python and Go code from proto/ (buf.gen.yaml)
+	BUF="$(BUF)" scripts/generate.sh
 
 checkgenerate: venv tools ## Fail when generated code is not what proto/ generates
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	scripts/generate.sh "$$tmp"; \
-	diff -r "$$tmp/python/roundtable/v1" python/roundtable/v1 -x __pycache__ && \
+	BUF="$(BUF)" scripts/generate.sh "$$tmp"; \
+	diff -r "$$tmp/clients/python/roundtable/v1" clients/python/roundtable/v1 -x __pycache__ && \
 	diff -r "$$tmp/clients/go/roundtable" clients/go/roundtable && \
 	echo "generated code is current"
 
 lint: venv ## buf lint + format, ruff, mypy, go vet + gofmt
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
-	$(VENV)/bin/ruff check python tests bench
-	$(VENV)/bin/ruff format --check python tests bench
+	$(VENV)/bin/ruff check python tests bench clients/python
+	$(VENV)/bin/ruff format --check python tests bench clients/python
 	$(VENV)/bin/mypy
 	cd clients/go && go vet ./... && test -z "$$(gofmt -l .)"
 	cd examples/gateway-go && go vet ./... && test -z "$$(gofmt -l .)"
