@@ -17,7 +17,7 @@ OTELCOL_VERSION := 0.161.0
 OTELCOL := $(TOOLS)/roundtable-otelcol
 OTELCOL_OUT ?= var/otelcol
 
-.PHONY: help run test test-llm test-collector collector lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
+.PHONY: help run test test-clients-go test-clients-py test-llm test-collector collector lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -59,6 +59,12 @@ run: venv ## Serve on 127.0.0.1:50051 with a SQLite file under ./var and the off
 
 test: venv tools ## Run the whole test suite (real servers, real ports, SQLite and Postgres)
 	eval "$$(scripts/postgres.sh env)"; $(PY) -m pytest $(ARGS)
+
+test-clients-go: venv ## The Go client library's conformance tests (clients/conformance.md) against real sidecars
+	cd clients/go && ROUNDTABLE_BIN=$(CURDIR)/$(VENV)/bin/roundtable go test -count=1 $(ARGS) ./...
+
+test-clients-py: venv ## The Python client library's conformance tests (clients/conformance.md) against real sidecars
+	cd clients/python && ROUNDTABLE_BIN=$(CURDIR)/$(VENV)/bin/roundtable $(CURDIR)/$(PY) -m pytest $(ARGS) tests
 
 test-llm: venv ## The real-model tests (tests/real_model) against llama-server, built once by make llm
 	scripts/llm.sh install

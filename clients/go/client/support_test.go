@@ -61,7 +61,6 @@ var serving = regexp.MustCompile(`roundtable serving on [\d.]+:(\d+)`)
 
 // sidecar is one `roundtable serve` process on a fixed port and SQLite file; restartable.
 type sidecar struct {
-	t    *testing.T
 	bin  string
 	port int
 	db   string
@@ -81,20 +80,36 @@ func startSidecar(t *testing.T, args ...string) *sidecar {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	dir := t.TempDir()
-	s := &sidecar{t: t, bin: roundtableBin(t), port: port, db: filepath.Join(dir, "rt.db"), args: args}
-	s.start()
+	s := &sidecar{bin: roundtableBin(t), port: port, db: filepath.Join(dir, "rt.db"), args: args}
 	t.Cleanup(func() { s.kill() })
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 
 func (s *sidecar) address() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 
-// start runs the process and waits until it says it serves.
-func (s *sidecar) start() {
-	s.t.Helper()
+// start runs the process and waits until it says it serves. A port that the last process's
+// closed connections still hold (TIME_WAIT, up to 60 s: roundtable serve probes the port
+// without SO_REUSEADDR) is tried again until it frees.
+// It may run on any goroutine: it reports, never fails the test itself.
+func (s *sidecar) start() error {
+	deadline := time.Now().Add(75 * time.Second)
+	for {
+		again, err := s.startOnce(s.cmd != nil && time.Now().Before(deadline))
+		if !again {
+			return err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// startOnce starts the process once; again is true when it should be tried again (busy port).
+func (s *sidecar) startOnce(retryBusy bool) (again bool, err error) {
 	log, err := os.CreateTemp(filepath.Dir(s.db), "rt-*.log")
 	if err != nil {
-		s.t.Fatal(err)
+		return false, err
 	}
 	s.log = log
 	args := append([]string{"serve", "--listen", s.address(), "--store", "sqlite:///" + s.db}, s.args...)
@@ -102,11 +117,11 @@ func (s *sidecar) start() {
 	s.cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
-		s.t.Fatal(err)
+		return false, err
 	}
 	s.cmd.Stdout = log
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
+		return false, err
 	}
 	ready := make(chan struct{})
 	s.done = make(chan struct{})
@@ -125,10 +140,14 @@ func (s *sidecar) start() {
 	select {
 	case <-ready:
 	case <-s.done:
-		s.t.Fatalf("sidecar exited: %s", s.logText())
+		if retryBusy && strings.Contains(s.logText(), "Address already in use") {
+			return true, nil
+		}
+		return false, fmt.Errorf("sidecar exited: %s", s.logText())
 	case <-time.After(60 * time.Second):
-		s.t.Fatalf("sidecar did not serve within 60 s: %s", s.logText())
+		return false, fmt.Errorf("sidecar did not serve within 60 s: %s", s.logText())
 	}
+	return false, nil
 }
 
 func (s *sidecar) logText() string {
@@ -420,7 +439,6 @@ func (c *collected) checkCompletedOnce(t *testing.T) {
 		t.Fatalf("finals from %v, want lin,bo,mei,kai", members)
 	}
 }
-
 
 // ctxFor is a test's deadline.
 func ctxFor(t *testing.T, d time.Duration) context.Context {
