@@ -17,3 +17,5 @@ cd "$root" # buf.gen.yaml's plugin paths are relative to the repository root
 # the namespace package roundtable, in the distribution clients/python. Never edited.
 printf '"""Generated from proto/roundtable/v1 by `make generate`; never edit."""\n' \
   > "$out/clients/python/roundtable/v1/__init__.py"
+# PEP 561: the .pyi files are the types (in a namespace package the marker goes in the subpackage).
+: > "$out/clients/python/roundtable/v1/py.typed"
