@@ -234,7 +234,12 @@ COUNT_OFF = "大家报数！"
 
 
 def kind_of(event: Any) -> str:
-    return event.WhichOneof("payload") or ""
+    """The payload kind of a RunEvent, or of a domain event's envelope (in process)."""
+    if hasattr(event, "WhichOneof"):
+        return event.WhichOneof("payload") or ""
+    from roundtable.codec.events import kind_of as domain_kind
+
+    return domain_kind(event.event)
 
 
 # -- processes ----------------------------------------------------------------------------

@@ -293,9 +293,9 @@ class InProcess:
             running.store.conn.execute(f"PRAGMA synchronous={synchronous}")
             await running.store.checkpointer.conn.execute(f"PRAGMA synchronous={synchronous}")
         if not checkpoint:
-            running.manager.graph = build_conversation_graph(None)
+            running.manager.executor.graph = build_conversation_graph(None)
         if memory_store:
-            running.manager.store = MemoryRunStore()
+            running.manager.log.store = MemoryRunStore()
         return cls(running)
 
     async def turn(self, request: Any) -> list[Any]:
@@ -307,7 +307,7 @@ class InProcess:
         return events
 
     async def checkpoint_rows(self) -> dict[str, int]:
-        store = self.manager.store
+        store = self.manager.log.store
         if isinstance(store, MemoryRunStore) or not hasattr(store, "conn"):
             return {}
         conn = store.conn  # the event log's sqlite3 connection; it sees the saver's tables too
@@ -660,7 +660,7 @@ async def bench_b1(cfg: Config, work: Path) -> dict[str, Any]:
                 batches["peer_autogen"] = peer.batch
         samples = await interleaved(variants, cfg, cfg.turns, cfg.reps, batches)
         rows = {name: await inproc[name].checkpoint_rows() for name in inproc}
-        unknown = sorted(getattr(inproc["i_floor"].manager.store, "unknown", set()))
+        unknown = sorted(getattr(inproc["i_floor"].manager.log.store, "unknown", set()))
     figures = {name: summary(v, "ms/turn") for name, v in samples.items()}
     server_cpu_ms = {
         name: round(cpu * 1000 / turns_done[name], 2)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make demo: starts a sidecar (offline model, a throwaway database), runs a count-off,
-# an @mention, an open discussion and a stop, then shuts it down.
+# an @mention, a parallel @all, an open discussion and a stop, then shuts it down.
 # make demo-llm (scripts/demo.sh --llm): the same against the real model of scripts/llm.sh
 # (llama-server with SmolLM2-135M-Instruct; built once, started if it is not running).
 set -euo pipefail
@@ -42,6 +42,7 @@ PY
 
 echo "== count-off"; "$rt" chat "${model[@]}" --target "$target" --thread demo-1 "大家报数！"
 echo; echo "== @mention"; "$rt" chat "${model[@]}" --target "$target" --thread demo-2 "@Mei @Kai what do you make of this? Remember that I prefer short answers."
+echo; echo "== @all, answering at once (--parallel: SPEAKER_CONCURRENCY_PARALLEL)"; "$rt" chat "${model[@]}" --parallel --target "$target" --thread demo-5 "@all what should we cook tonight?"
 echo; echo "== open discussion"; "$rt" chat "${model[@]}" --target "$target" --thread demo-3 "Should we learn to brew tea or build a robot this weekend?"
 echo; echo "== stop (a second turn on the same thread stops the live one at its next speaker)"
 # The two chats run at once; each one's lines are printed whole, the stopped turn's first.

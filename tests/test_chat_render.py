@@ -71,3 +71,37 @@ def test_a_failed_speaker_is_shown_with_its_cause() -> None:
         "Mei: \n   ✗ Mei failed: MODEL_UNAVAILABLE"
         " (model server unavailable: connection refused (ECONNREFUSED))\n"
     )
+
+
+def test_speakers_answering_at_once_show_each_reply_whole_as_it_is_final() -> None:
+    steps = [
+        epb.PlanStep(index=i, member_id=m, reply_id=f"r#{i}", round=1, parallel_group=1)
+        for i, m in enumerate(("a", "b"))
+    ]
+    plan = epb.RunEvent(plan_created=epb.PlanCreated(steps=steps, round=1))
+
+    def event(kind: str, i: int, **fields: object) -> epb.RunEvent:
+        payload = {
+            "speaker_started": epb.SpeakerStarted,
+            "assistant_delta": epb.AssistantDelta,
+            "assistant_final": epb.AssistantFinal,
+        }[kind](reply_id=f"r#{i}", **fields)
+        return epb.RunEvent(**{kind: payload})
+
+    out = io.StringIO()
+    render = ChatRenderer({"a": "Ann", "b": "Bo"}, out)
+    for e in (
+        plan,
+        event("speaker_started", 0, member_id="a", attempt=1),
+        event("speaker_started", 1, member_id="b", attempt=1),
+        event("assistant_delta", 0, text="Hel", attempt=1),
+        event("assistant_delta", 1, text="Yo", attempt=1),
+        event("assistant_final", 1, member_id="b", content="Yo!"),
+        event("assistant_final", 0, member_id="a", content="Hello."),
+    ):
+        render(e)
+    assert out.getvalue().splitlines()[1:] == [
+        "── answering at once: Ann, Bo",
+        "Bo: Yo!",
+        "Ann: Hello.",
+    ]

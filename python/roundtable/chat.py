@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,12 @@ class ChatRenderer:
     def __init__(self, names: dict[str, str], out: TextIO) -> None:
         self.names = names
         self.out = out
+        self._together: dict[str, tuple[int, int]] = {}
+        """reply_id -> (round, group) of the steps that speak at once with others: their
+        text is not streamed (it would interleave); each final is a line of its own."""
+        self._announced: set[tuple[int, int]] = set()
+        self._members: dict[str, str] = {}
+        """reply_id -> member_id, of the steps in `_together`."""
         self._shown = ""
         """The text streamed so far for the reply being written."""
         self._attempt = 0
@@ -87,6 +94,14 @@ class ChatRenderer:
             why = f" ({p.fallback_reason})" if p.fallback_reason else ""
             directive = epb.DirectiveKind.Name(p.directive).removeprefix("DIRECTIVE_KIND_").lower()
             out.write(f"── plan [{directive}, {source}{why}]: {who}\n")
+            self._plan_groups(p.steps)
+        elif kind in (
+            "speaker_started",
+            "assistant_delta",
+            "assistant_final",
+            "speaker_failed",
+        ) and (getattr(event, kind).reply_id in self._together):
+            self._at_once(kind, event)
         elif kind == "speaker_started":
             s = event.speaker_started
             retry = f" (attempt {s.attempt})" if s.attempt > 1 else ""
@@ -132,6 +147,50 @@ class ChatRenderer:
         elif kind == "run_failed":
             out.write(f"── failed: {event.run_failed.code} {event.run_failed.message}\n")
         out.flush()
+
+    def _plan_groups(self, steps: Sequence[epb.PlanStep]) -> None:
+        sizes = Counter((s.round, s.parallel_group) for s in steps if s.parallel_group)
+        for s in steps:
+            if sizes[(s.round, s.parallel_group)] > 1:
+                self._together[s.reply_id] = (s.round, s.parallel_group)
+                self._members[s.reply_id] = s.member_id
+
+    def _at_once(self, kind: str, event: epb.RunEvent) -> None:
+        """A speaker of a group that answers at once: one line when the group starts, then
+        each reply whole when it is final, in the order they finish."""
+        out, names = self.out, self.names
+        if self._open:
+            out.write("\n")
+            self._open = False
+        if kind == "speaker_started":
+            started = event.speaker_started
+            group = self._together[started.reply_id]
+            if group not in self._announced:
+                self._announced.add(group)
+                out.write("── answering at once: ")
+                out.write(
+                    ", ".join(
+                        names.get(self._member_of(r), self._member_of(r))
+                        for r, g in self._together.items()
+                        if g == group
+                    )
+                    + "\n"
+                )
+            elif started.attempt > 1:
+                out.write(f"   ({names.get(started.member_id, started.member_id)}: attempt ")
+                out.write(f"{started.attempt})\n")
+        elif kind == "assistant_final":
+            f = event.assistant_final
+            note = " [replaced]" if f.finish_reason == epb.FINISH_REASON_REPLACED else ""
+            out.write(f"{names.get(f.member_id, f.member_id)}: {f.content}{note}\n")
+        elif kind == "speaker_failed":
+            failed = event.speaker_failed
+            who = names.get(failed.member_id, failed.member_id)
+            why = f" ({failed.message})" if failed.message else ""
+            out.write(f"   ✗ {who} failed: {failed.code}{why}\n")
+
+    def _member_of(self, reply_id: str) -> str:
+        return self._members.get(reply_id, reply_id)
 
 
 CLI_CREDENTIAL = "cli"
@@ -242,6 +301,11 @@ def run_chat(argv: Sequence[str]) -> int:
         default=0,
         help="per-attempt model timeout with --model (default: the server's, 60 s)",
     )
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="a group's independent speakers answer at once (SPEAKER_CONCURRENCY_PARALLEL)",
+    )
     parser.add_argument("--tls-ca-file", help="PEM roots to trust: connect with TLS")
     parser.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
     parser.add_argument("--tls-key-file", help="PEM key of the client certificate")
@@ -280,6 +344,8 @@ def run_chat(argv: Sequence[str]) -> int:
     )
     if choice is not None:
         choice.apply(request)
+    if args.parallel:
+        request.snapshot.session.speaker_concurrency = spb.SPEAKER_CONCURRENCY_PARALLEL
     print(f"you: {snapshot.user_turn.text}")
     return asyncio.run(send_turn(args.target, request, names, sys.stdout, security=security))
 

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from roundtable.api.auth import Authenticator
@@ -37,7 +38,12 @@ from roundtable.harness.policies import BreakerPolicy, HarnessPolicy, RetryPolic
 from roundtable.models.base import ChatProvider
 from roundtable.models.offline import OfflineProvider
 from roundtable.models.openai_compat import build_openai_provider
-from roundtable.runs.manager import RunLimits, RunManager
+from roundtable.runs.coordination import Coordination, LocalCoordination, SharedCoordination
+from roundtable.runs.execution import Executor
+from roundtable.runs.follow import Follower
+from roundtable.runs.log import EventLog
+from roundtable.runs.manager import RunManager, default_owner
+from roundtable.runs.registry import LiveRegistry, RunLimits
 from roundtable.settings import Settings
 from roundtable.store.base import RunStore
 from roundtable.store.checkpoints import BoundarySaver
@@ -130,6 +136,56 @@ def _bind(
     return port
 
 
+def coordination_for(store: RunStore, settings: Settings) -> Coordination:
+    """The coordination strategy the store calls for: replicas on a shared store, or one
+    process on its own file."""
+    owner = settings.replica_id or default_owner()
+    if store.shared:
+        return SharedCoordination(store, owner=owner, lease_s=settings.lease_seconds)
+    return LocalCoordination(owner)
+
+
+def build_run_manager(
+    settings: Settings,
+    store: RunStore,
+    *,
+    harness: Harness,
+    tracer: trace.Tracer | None,
+    metrics: Metrics,
+) -> RunManager:
+    """The runs layer: the live registry, the execution of runs over the conversation
+    graph, following other replicas' runs, and the coordination strategy."""
+    limits = RunLimits(
+        max_runs=settings.max_runs,
+        max_runs_per_tenant=settings.max_runs_per_tenant,
+        stream_buffer=settings.stream_buffer_events,
+        max_streams_per_run=settings.max_streams_per_run,
+    )
+    log = EventLog(store)
+    registry = LiveRegistry(limits)
+    coordination = coordination_for(store, settings)
+    checkpoints = BoundarySaver(store.checkpointer)
+    executor = Executor(
+        graph=build_conversation_graph(checkpoints),
+        harness=harness,
+        log=log,
+        coordination=coordination,
+        registry=registry,
+        checkpoints=checkpoints,
+        durability=settings.checkpoint_durability,
+        tracer=tracer,
+        metrics=metrics,
+    )
+    return RunManager(
+        log=log,
+        registry=registry,
+        coordination=coordination,
+        executor=executor,
+        follower=Follower(log, poll_s=0.05, buffer=limits.stream_buffer),
+        lease_s=settings.lease_seconds,
+    )
+
+
 @dataclass(slots=True)
 class RunningServer:
     """A started server: its address and the parts tests may look at."""
@@ -213,23 +269,12 @@ async def running_server(
         tracer=telemetry.active_tracer("roundtable.harness"),
         metrics=metrics,
     )
-    checkpoints = BoundarySaver(store.checkpointer)
-    manager = RunManager(
-        store=store,
-        graph=build_conversation_graph(checkpoints),
+    manager = build_run_manager(
+        settings,
+        store,
         harness=harness,
-        checkpoints=checkpoints,
-        durability=settings.checkpoint_durability,
         tracer=telemetry.active_tracer("roundtable.graph"),
         metrics=metrics,
-        owner=settings.replica_id,
-        lease_s=settings.lease_seconds,
-        limits=RunLimits(
-            max_runs=settings.max_runs,
-            max_runs_per_tenant=settings.max_runs_per_tenant,
-            stream_buffer=settings.stream_buffer_events,
-            max_streams_per_run=settings.max_streams_per_run,
-        ),
     )
     interrupted = await store.mark_interrupted()
     if interrupted:

@@ -19,7 +19,7 @@ from roundtable.graph.nodes.propose_memory import (
     accept,
 )
 from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep
-from roundtable.runs.manager import checkpoint_thread
+from roundtable.runs.execution import checkpoint_thread
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc

@@ -10,6 +10,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from roundtable.domain.errors import StreamOverflow
+from roundtable.domain.events import AssistantDelta, Envelope, Event, SpeakerStarted
 from roundtable.runs.live import MERGED_DELTA_MAX, Subscription
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -71,39 +72,33 @@ async def test_concurrent_runs_per_tenant_are_limited_with_a_retry_hint(start_se
         )
 
 
-def event(seq: int, kind: str) -> epb.RunEvent:
-    out = epb.RunEvent(run_id="r", seq=seq)
+def event(seq: int, kind: str) -> Envelope:
     if kind == "delta":
-        out.assistant_delta.text = "x"
+        payload: Event = AssistantDelta(reply_id="", text="x", attempt=0)
     else:
-        out.speaker_started.step = seq
-    return out
+        payload = SpeakerStarted(step=seq, member_id="m", reply_id=f"r#{seq}", attempt=1)
+    return Envelope(run_id="r", seq=seq, emitted_at=0.0, event=payload)
 
 
 async def test_a_full_buffer_drops_deltas_then_ends_the_stream_on_a_durable_event() -> None:
     sub = Subscription([], ended=False, buffer=3)
-    assert all(sub.offer(event(i, "durable"), durable=True) for i in (1, 2, 3))
-    assert sub.offer(event(3, "delta"), durable=False), "a delta that does not fit is dropped"
+    assert all(sub.offer(event(i, "durable")) for i in (1, 2, 3))
+    assert sub.offer(event(3, "delta")), "a delta that does not fit is dropped"
     assert sub.dropped_deltas == 1
-    assert not sub.offer(event(4, "durable"), durable=True), (
-        "a durable event that does not fit ends it"
-    )
+    assert not sub.offer(event(4, "durable")), "a durable event that does not fit ends it"
     received = [e async for e in sub]
     assert received == [] and isinstance(sub.error, StreamOverflow) and not sub.reached_end
 
 
-def delta(text: str, reply: str = "r#0", attempt: int = 0, seq: int = 1) -> epb.RunEvent:
-    out = epb.RunEvent(run_id="r", seq=seq)
-    out.assistant_delta.reply_id = reply
-    out.assistant_delta.text = text
-    out.assistant_delta.attempt = attempt
-    return out
+def delta(text: str, reply: str = "r#0", attempt: int = 0, seq: int = 1) -> Envelope:
+    chunk = AssistantDelta(reply_id=reply, text=text, attempt=attempt)
+    return Envelope(run_id="r", seq=seq, emitted_at=0.0, event=chunk)
 
 
-def texts(events: list[epb.RunEvent]) -> list[tuple[str, str, int]]:
+def texts(events: list[Envelope]) -> list[tuple[str, str, int]]:
     return [
-        (e.assistant_delta.reply_id, e.assistant_delta.text, e.assistant_delta.attempt)
-        if e.WhichOneof("payload") == "assistant_delta"
+        (e.event.reply_id, e.event.text, e.event.attempt)
+        if isinstance(e.event, AssistantDelta)
         else ("durable", str(e.seq), 0)
         for e in events
     ]
@@ -117,7 +112,7 @@ async def test_a_reader_behind_gets_the_deltas_waiting_for_it_merged() -> None:
     received_live = []
     for chunk in chunks:
         for sub in (behind, keeping_up):
-            assert sub.offer(chunk, durable=chunk.WhichOneof("payload") != "assistant_delta")
+            assert sub.offer(chunk)
         # keeping_up's reader takes each event as it comes: nothing waits, nothing merges.
         received_live.append(keeping_up._items.popleft())
     behind.end()
@@ -140,10 +135,10 @@ async def test_merged_deltas_stay_under_the_cap_and_within_the_buffer() -> None:
     sub = Subscription([], ended=False, buffer=2)
     big = "x" * (MERGED_DELTA_MAX // 2)
     for _ in range(5):
-        assert sub.offer(delta(big), durable=False)
+        assert sub.offer(delta(big))
     sub.end()
     received = [e async for e in sub]
-    assert [len(e.assistant_delta.text) for e in received] == [MERGED_DELTA_MAX] * 2
+    assert [len(e.event.text) for e in received] == [MERGED_DELTA_MAX] * 2
     assert sub.dropped_deltas == 1, "the fifth half-cap chunk found the buffer full"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roundtable.api.convert import event_to_proto
+from roundtable.codec.events import decode, seal
 from roundtable.domain.events import (
     AssistantFinal,
     Event,
@@ -57,10 +57,13 @@ EVENTS: list[Event] = [
 
 
 def test_emitted_and_logged_events_give_the_same_progress() -> None:
-    emitted, logged = Progress(), Progress()
-    for seq, event in enumerate(EVENTS, start=1):
-        emitted.observe_emitted(event)
-        logged.observe(event_to_proto("run-1", seq, 0.0, event))
+    emitted = Progress()
+    for event in EVENTS:
+        emitted.observe(event)
+    # Through the log: encoded as the store keeps them, decoded as a resume reads them.
+    logged = Progress.of(
+        decode(seal("run-1", seq, 0.0, event).wire) for seq, event in enumerate(EVENTS, start=1)
+    )
     assert emitted == logged
     assert [s.reply_id for s in emitted.steps] == ["r#0", "r#1", "r#2"]
     assert emitted.finished == {"r#0": "一！", "r#1": None}

@@ -15,8 +15,9 @@ import grpc
 import psycopg
 import pytest
 from roundtable.domain.errors import StreamOverflow
+from roundtable.domain.events import AssistantDelta, Envelope, SpeakerStarted
+from roundtable.runs.follow import forward
 from roundtable.runs.live import LiveRun, Subscription
-from roundtable.runs.manager import RunManager
 from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -345,16 +346,14 @@ async def test_a_slow_reader_of_a_taken_over_run_is_bounded_like_any_other() -> 
     )
     live = LiveRun(request=None, record=record, buffer=16)  # type: ignore[arg-type]
     client = Subscription([], ended=False, buffer=16)
-    forward = asyncio.create_task(RunManager._forward(live.subscribe(0), client, 0))
+    forward_task = asyncio.create_task(forward(live.subscribe(0), client, 0))
     for seq in range(1, 200):
-        started = epb.RunEvent(run_id="r", seq=seq)
-        started.speaker_started.step = seq
-        live.publish(started, durable=True)
-        delta = epb.RunEvent(run_id="r", seq=seq)
-        delta.assistant_delta.reply_id, delta.assistant_delta.text = f"x{seq}", "t" * 100
-        live.publish(delta, durable=False)
+        started = SpeakerStarted(step=seq, member_id="m", reply_id=f"x{seq}", attempt=1)
+        live.publish(Envelope(run_id="r", seq=seq, emitted_at=0.0, event=started))
+        delta = AssistantDelta(reply_id=f"x{seq}", text="t" * 100, attempt=1)
+        live.publish(Envelope(run_id="r", seq=seq, emitted_at=0.0, event=delta))
         await asyncio.sleep(0)
-    await asyncio.wait_for(forward, 1.0)
+    await asyncio.wait_for(forward_task, 1.0)
     assert isinstance(client.error, StreamOverflow)
     assert len([e async for e in client]) <= 16 + 1
 

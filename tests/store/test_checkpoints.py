@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from roundtable.runs.manager import checkpoint_thread
+from roundtable.runs.execution import checkpoint_thread
 from roundtable.store.checkpoints import BoundarySaver
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
@@ -87,7 +87,7 @@ def not_plain(value: Any, path: str = "") -> list[str]:
 
 def count_reads(server: Any) -> list[str]:
     """Records the thread of every checkpoint read that reaches the database."""
-    inner = server.manager.checkpoints.inner
+    inner = server.manager.executor.checkpoints.inner
     reads: list[str] = []
     read = inner.aget_tuple
 

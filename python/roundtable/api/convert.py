@@ -1,22 +1,18 @@
-"""Converts protobuf to domain types and back: the only place that knows both.
+"""Converts the requests' protobuf to domain types, and a run's view back.
 
-Inbound conversion happens once per request, after validation. Outbound conversion
-builds one protobuf message per event; it is on the hot path of streaming, so it sets
-fields directly instead of going through dicts.
+Inbound conversion happens once per request, after validation. Events go out through
+`roundtable.codec` (encoded once, when they are logged); this module only builds what
+the unary RPCs answer: the contract's `Run`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-
-import xxhash
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from roundtable.api.limits import RequestLimits
 from roundtable.api.wire import ReceivedStartRun
-from roundtable.domain import events as ev
-from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, Route
+from roundtable.codec.events import plan_steps_to_proto, timestamp
+from roundtable.codec.fingerprint import fingerprint, legacy_fingerprint
 from roundtable.domain.snapshot import (
     OFFLINE_MODEL,
     Budgets,
@@ -35,41 +31,17 @@ from roundtable.domain.snapshot import (
     SessionKind,
     Skill,
     Snapshot,
+    SpeakerConcurrency,
     UserTurn,
 )
-from roundtable.v1 import events_pb2 as epb
+from roundtable.runs.progress import Progress
+from roundtable.store.base import RunRecord, RunStatus
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
 
+__all__ = ["fingerprint", "legacy_fingerprint", "run_request_from_proto", "run_to_proto"]
+
 # -- inbound ------------------------------------------------------------------------------
-
-
-def fingerprint(thread_id: str, snapshot_bytes: bytes | memoryview) -> str:
-    """A stable hash of what makes a run the same run: its thread and its snapshot as sent.
-
-    Credentials and options are left out: a retry may carry a rotated key or ask for
-    different streaming, and is still the same turn. `snapshot_bytes` is the snapshot's
-    serialization, as received when it came off the wire (see api/wire.py).
-    """
-    # xxh3-128, not a cryptographic hash: the fingerprint tells a retry of a turn from a
-    # different turn under the same run id, for a caller that is already authenticated, and
-    # 128 bits make an accidental collision negligible. On a 10,000-message history (828 KB)
-    # it takes ≈0.02 ms where sha256 took ≈0.65 ms (bench B5).
-    digest = xxhash.xxh3_128(thread_id.encode("utf-8") + b"\0")
-    digest.update(snapshot_bytes)
-    return FINGERPRINT_PREFIX + digest.hexdigest()
-
-
-FINGERPRINT_PREFIX = "x3:"
-"""Marks fingerprints made with xxh3-128; untagged ones in a registry are the older sha256."""
-
-
-def legacy_fingerprint(thread_id: str, snapshot_bytes: bytes | memoryview) -> str:
-    """The fingerprint earlier versions stored (sha256, untagged): a StartRun retry of a run
-    they started must still match it, across an upgrade or a rolling deploy."""
-    digest = hashlib.sha256(thread_id.encode("utf-8") + b"\0")
-    digest.update(snapshot_bytes)
-    return digest.hexdigest()[:32]
 
 
 def run_request_from_proto(
@@ -133,6 +105,9 @@ def snapshot_from_proto(
             else OFFLINE_MODEL,
             budgets=budgets,
             session_id=session.session_id,
+            speaker_concurrency=SpeakerConcurrency.PARALLEL
+            if session.speaker_concurrency == spb.SPEAKER_CONCURRENCY_PARALLEL
+            else SpeakerConcurrency.SEQUENTIAL,
         ),
         members=tuple(_member(m) for m in snapshot.members),
         history=tuple(
@@ -183,6 +158,7 @@ def _budgets(budgets: spb.Budgets, base: Budgets) -> Budgets:
         max_rounds=budgets.max_rounds or base.max_rounds,
         max_output_tokens=budgets.max_output_tokens or base.max_output_tokens,
         run_timeout_s=float(budgets.run_timeout_seconds or base.run_timeout_s),
+        max_parallel_speakers=budgets.max_parallel_speakers or base.max_parallel_speakers,
     )
 
 
@@ -230,159 +206,28 @@ def _member(member: spb.Member) -> Member:
 
 # -- outbound -----------------------------------------------------------------------------
 
-_ROUTE = {Route.SINGLE: epb.ROUTE_SINGLE, Route.GROUP: epb.ROUTE_GROUP}
-_DIRECTIVE = {
-    DirectiveKind.SINGLE: epb.DIRECTIVE_KIND_SINGLE,
-    DirectiveKind.OPEN: epb.DIRECTIVE_KIND_OPEN,
-    DirectiveKind.MENTION: epb.DIRECTIVE_KIND_MENTION,
-    DirectiveKind.ALL: epb.DIRECTIVE_KIND_ALL,
-    DirectiveKind.COUNT_OFF: epb.DIRECTIVE_KIND_COUNT_OFF,
-    DirectiveKind.STOP: epb.DIRECTIVE_KIND_STOP,
-    DirectiveKind.CONTINUE: epb.DIRECTIVE_KIND_CONTINUE,
-}
-_SOURCE = {
-    PlanSource.DETERMINISTIC: epb.PLAN_SOURCE_DETERMINISTIC,
-    PlanSource.SUPERVISOR: epb.PLAN_SOURCE_SUPERVISOR,
-    PlanSource.FALLBACK: epb.PLAN_SOURCE_FALLBACK,
-    PlanSource.CONTINUED: epb.PLAN_SOURCE_CONTINUED,
-}
-_SOURCE_FROM_PROTO: dict[int, PlanSource] = {int(v): k for k, v in _SOURCE.items()}
-_FINISH = {
-    ev.FinishReason.STOP: epb.FINISH_REASON_STOP,
-    ev.FinishReason.LENGTH: epb.FINISH_REASON_LENGTH,
-    ev.FinishReason.REPLACED: epb.FINISH_REASON_REPLACED,
-}
-_ACTION = {
-    ev.MemoryAction.CREATE: epb.MEMORY_ACTION_CREATE,
-    ev.MemoryAction.UPDATE: epb.MEMORY_ACTION_UPDATE,
-    ev.MemoryAction.FORGET: epb.MEMORY_ACTION_FORGET,
+_STATUS = {
+    RunStatus.QUEUED: pb.RUN_STATUS_QUEUED,
+    RunStatus.RUNNING: pb.RUN_STATUS_RUNNING,
+    RunStatus.SUCCEEDED: pb.RUN_STATUS_SUCCEEDED,
+    RunStatus.CANCELLED: pb.RUN_STATUS_CANCELLED,
+    RunStatus.INTERRUPTED: pb.RUN_STATUS_INTERRUPTED,
+    RunStatus.FAILED: pb.RUN_STATUS_FAILED,
+    RunStatus.CONTINUED: pb.RUN_STATUS_CONTINUED,
 }
 
 
-def timestamp(seconds: float) -> Timestamp:
-    """A protobuf Timestamp from seconds since the epoch."""
-    whole = int(seconds)
-    return Timestamp(seconds=whole, nanos=int((seconds - whole) * 1e9))
-
-
-def plan_steps_to_proto(steps: Sequence[PlanStep]) -> list[epb.PlanStep]:
-    """Plan steps as protobuf."""
-    return [
-        epb.PlanStep(
-            index=s.index,
-            member_id=s.member_id,
-            reply_id=s.reply_id,
-            task=s.task,
-            token_budget=s.token_budget,
-            round=s.round,
-            count_off_number=s.count_off_number,
-        )
-        for s in steps
-    ]
-
-
-def plan_source_from_proto(source: int) -> PlanSource:
-    """The domain value of a logged plan's source (DETERMINISTIC when unknown)."""
-    return _SOURCE_FROM_PROTO.get(source, PlanSource.DETERMINISTIC)
-
-
-def plan_step_from_proto(step: epb.PlanStep) -> PlanStep:
-    """A plan step read back from the event log."""
-    return PlanStep(
-        index=step.index,
-        member_id=step.member_id,
-        reply_id=step.reply_id,
-        task=step.task,
-        token_budget=step.token_budget,
-        round=step.round,
-        count_off_number=step.count_off_number,
+def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
+    """The contract's view of a run."""
+    return pb.Run(
+        run_id=record.run_id,
+        thread_id=record.thread_id,
+        tenant=record.tenant,
+        status=_STATUS[record.status],
+        plan=plan_steps_to_proto(progress.steps),
+        finished_reply_ids=progress.finished_reply_ids,
+        last_seq=record.last_seq,
+        created_at=timestamp(record.created_at),
+        updated_at=timestamp(record.updated_at),
+        continued_by_run_id=record.continued_by,
     )
-
-
-def _usage(usage: ev.TokenUsage) -> epb.TokenUsage:
-    return epb.TokenUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
-
-
-def event_to_proto(run_id: str, seq: int, emitted_at: float, event: ev.Event) -> epb.RunEvent:
-    """Builds the RunEvent envelope of a domain event."""
-    out = epb.RunEvent(run_id=run_id, seq=seq, emitted_at=timestamp(emitted_at))
-    match event:
-        case ev.AssistantDelta():
-            out.assistant_delta.reply_id = event.reply_id
-            out.assistant_delta.text = event.text
-            out.assistant_delta.attempt = event.attempt
-        case ev.RunStarted():
-            out.run_started.route = _ROUTE[event.route]
-            out.run_started.resumed = event.resumed
-            out.run_started.thread_id = event.thread_id
-        case ev.PlanCreated():
-            p = out.plan_created
-            p.directive = _DIRECTIVE[event.directive]
-            p.source = _SOURCE[event.source]
-            p.fallback_reason = event.fallback_reason
-            p.steps.extend(plan_steps_to_proto(event.steps))
-            p.round = event.round
-            p.continued_run_id = event.continued_run_id
-            p.converged = event.converged
-        case ev.SpeakerStarted():
-            s = out.speaker_started
-            s.step, s.member_id, s.reply_id, s.attempt = (
-                event.step,
-                event.member_id,
-                event.reply_id,
-                event.attempt,
-            )
-        case ev.AssistantFinal():
-            f = out.assistant_final
-            f.reply_id, f.member_id, f.step, f.content, f.model = (
-                event.reply_id,
-                event.member_id,
-                event.step,
-                event.content,
-                event.model,
-            )
-            f.usage.CopyFrom(_usage(event.usage))
-            f.finish_reason = _FINISH[event.finish_reason]
-            f.attempts = event.attempts
-            f.output_tokens_counted = event.usage.counted
-        case ev.SpeakerFailed():
-            e = out.speaker_failed
-            e.reply_id, e.member_id, e.step, e.code, e.message, e.attempts = (
-                event.reply_id,
-                event.member_id,
-                event.step,
-                event.code,
-                event.message,
-                event.attempts,
-            )
-        case ev.MemoryProposed():
-            out.memory_proposed.proposals.extend(
-                epb.MemoryProposal(
-                    proposal_id=p.proposal_id,
-                    member_id=p.member_id,
-                    action=_ACTION[p.action],
-                    target_memory_id=p.target_memory_id,
-                    content=p.content,
-                    importance=p.importance,
-                    evidence_reply_ids=p.evidence_reply_ids,
-                )
-                for p in event.proposals
-            )
-        case ev.RunCancelled():
-            out.run_cancelled.reason = event.reason
-            out.run_cancelled.finished_reply_ids.extend(event.finished_reply_ids)
-            out.run_cancelled.steps_left.extend(plan_steps_to_proto(event.steps_left))
-        case ev.RunCompleted():
-            c = out.run_completed
-            c.replies.extend(
-                epb.ReplySummary(reply_id=r.reply_id, member_id=r.member_id, step=r.step)
-                for r in event.replies
-            )
-            c.usage.CopyFrom(_usage(event.usage))
-            c.converged = event.converged
-            c.rounds = event.rounds
-        case ev.RunFailed():
-            out.run_failed.code = event.code
-            out.run_failed.message = event.message
-            out.run_failed.retryable = event.retryable
-    return out

@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from roundtable.api.auth import HEALTH_METHODS, Authenticator, Caller
+from roundtable.api.auth import HEALTH_METHODS, Authenticator, Caller, acting_as
 from roundtable.api.errors import to_grpc_status
 from roundtable.domain.errors import (
     InternalError,
@@ -136,7 +136,8 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await _abort(context, exc)
             raise AssertionError("abort_with_status returns only by raising") from None
         try:
-            yield
+            with acting_as(caller):
+                yield
         finally:
             self._limiter.release(caller)
 

@@ -37,5 +37,6 @@ class RequestLimits:
     max_rounds: int = 8
     max_output_tokens: int = 32_768
     max_run_timeout_s: int = 3_600
+    max_parallel_speakers: int = 16
     max_delta_window_ms: int = 1_000
     max_delta_bytes: int = 64 * KIB

@@ -1,4 +1,10 @@
-"""The gRPC servicer: parse, validate, hand off, map errors. Nothing else happens here.
+"""The gRPC servicer: validate, authorize, mark the span, hand off, map errors.
+
+Each RPC is a few lines over one of two wrappers: `_unary` for the unary calls and
+`_streaming` for the two that stream a run's events. A wrapper turns the project's own
+errors into their status (api/errors.py) and, for a stream, sends each event's bytes as
+the codec made them when the event was logged (`Envelope.wire`): nothing is encoded again
+on the way out, only framed as the response's one field.
 
 `add_to_server` registers it like the generated `add_OrchestratorServiceServicer_to_server`,
 except that StartRun's request is deserialized into a `ReceivedStartRun` (api/wire.py), so
@@ -8,8 +14,9 @@ the request's size and fingerprint come from the bytes received.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Collection
-from typing import NoReturn
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import NoReturn, TypeVar
 
 import grpc
 from opentelemetry import context as otel_context
@@ -21,34 +28,21 @@ from roundtable.api.errors import to_grpc_status
 from roundtable.api.limits import RequestLimits
 from roundtable.api.validation import validate_cancel, validate_run_ids, validate_start_run
 from roundtable.api.wire import ReceivedStartRun
+from roundtable.codec.events import encode, kind_of
 from roundtable.domain.errors import InvalidRequest, RoundtableError
 from roundtable.domain.snapshot import Budgets, DisconnectPolicy
+from roundtable.runs.live import Subscription
 from roundtable.runs.manager import RunManager
-from roundtable.runs.progress import Progress
-from roundtable.store.base import RunRecord, RunStatus
-from roundtable.telemetry.attributes import (
-    CALLER_NODE,
-    CONVERSATION_ID,
-    RUN_ID,
-    TENANT,
-    THREAD_ID,
-    run_correlation,
-)
+from roundtable.telemetry.attributes import rpc_correlation, run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
-from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-_STATUS = {
-    RunStatus.QUEUED: pb.RUN_STATUS_QUEUED,
-    RunStatus.RUNNING: pb.RUN_STATUS_RUNNING,
-    RunStatus.SUCCEEDED: pb.RUN_STATUS_SUCCEEDED,
-    RunStatus.CANCELLED: pb.RUN_STATUS_CANCELLED,
-    RunStatus.INTERRUPTED: pb.RUN_STATUS_INTERRUPTED,
-    RunStatus.FAILED: pb.RUN_STATUS_FAILED,
-    RunStatus.CONTINUED: pb.RUN_STATUS_CONTINUED,
-}
+T = TypeVar("T")
+
+_TRACE_KEYS = frozenset({"traceparent", "tracestate", "baggage"})
+_EVENT_FIELD_TAG = b"\x0a"  # field 1 (`event`), length-delimited: both response messages
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: RoundtableError) -> NoReturn:
@@ -56,23 +50,13 @@ async def _abort(context: grpc.aio.ServicerContext, error: RoundtableError) -> N
     raise AssertionError("abort_with_status returns only by raising")
 
 
-def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
-    """The contract's view of a run."""
-    return pb.Run(
-        run_id=record.run_id,
-        thread_id=record.thread_id,
-        tenant=record.tenant,
-        status=_STATUS[record.status],
-        plan=convert.plan_steps_to_proto(progress.steps),
-        finished_reply_ids=progress.finished_reply_ids,
-        last_seq=record.last_seq,
-        created_at=convert.timestamp(record.created_at),
-        updated_at=convert.timestamp(record.updated_at),
-        continued_by_run_id=record.continued_by,
-    )
-
-
-_TRACE_KEYS = frozenset({"traceparent", "tracestate", "baggage"})
+def _mark_span(attributes: dict[str, str]) -> None:
+    """Puts the RPC's correlation on its span (the gRPC interceptor's, when spans are
+    exported): an operator finds a cancel or a re-attach by its run id, tenant or thread
+    like every other span of the run."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(attributes)
 
 
 def _caller_trace(context: grpc.aio.ServicerContext) -> otel_context.Context | None:
@@ -88,6 +72,29 @@ def _caller_trace(context: grpc.aio.ServicerContext) -> otel_context.Context | N
     if "traceparent" not in carrier:
         return None
     return propagate.extract(carrier)
+
+
+def frame_event(wire: bytes) -> bytes:
+    """A StartRunResponse or StreamRunResponse holding the RunEvent `wire`, as bytes:
+    both are a message with the event as field 1, so the event's bytes are sent as they
+    are, behind their tag and length."""
+    size, prefix = len(wire), bytearray(_EVENT_FIELD_TAG)
+    while size >= 0x80:
+        prefix.append((size & 0x7F) | 0x80)
+        size >>= 7
+    prefix.append(size)
+    return bytes(prefix) + wire
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """A stream of a run, opened for an RPC."""
+
+    subscription: Subscription
+    tenant: str
+    run_id: str
+    cancel_on_drop: bool = False
+    """Whether a client that goes away cancels the run (DisconnectPolicy.CANCEL)."""
 
 
 class OrchestratorServicer:
@@ -111,13 +118,56 @@ class OrchestratorServicer:
         self.providers = frozenset(providers)
         self.budgets = budgets
 
-    def _count(self, event: epb.RunEvent) -> None:
-        self.metrics.events_streamed.add(1, {"roundtable.event": event.WhichOneof("payload") or ""})
+    # -- the two wrappers ---------------------------------------------------------------------
+
+    @staticmethod
+    async def _unary(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
+        """Runs a unary call, its errors sent as their status."""
+        try:
+            return await call()
+        except RoundtableError as exc:
+            await _abort(context, exc)
+
+    async def _streaming(
+        self, context: grpc.aio.ServicerContext, open_stream: Callable[[], Awaitable[_Opened]]
+    ) -> AsyncIterator[bytes]:
+        """Opens a stream of a run's events and sends them until the run's end (or the
+        stream's: its error as a status); detaches it if the client goes away."""
+        try:
+            opened = await open_stream()
+        except RoundtableError as exc:
+            await _abort(context, exc)
+        sub = opened.subscription
+        count = self.metrics.events_streamed.add
+        try:
+            async for envelope in sub:
+                count(1, {"roundtable.event": kind_of(envelope.event)})
+                yield encode(envelope)
+            if sub.error is not None:
+                await _abort(context, sub.error)
+        finally:
+            if not sub.reached_end:
+                self.manager.unsubscribe(opened.tenant, opened.run_id, sub)
+                # Only a client that went away is a dropped stream: one the server ended
+                # with an error (a reader too slow for its buffer, told to re-attach) must
+                # find its run going on when it does.
+                if sub.error is None and opened.cancel_on_drop:
+                    await self.manager.cancel(
+                        opened.tenant, opened.run_id, immediate=False, reason="stream_dropped"
+                    )
+
+    # -- the RPCs -----------------------------------------------------------------------------
 
     async def StartRun(
         self, received: ReceivedStartRun, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.StartRunResponse]:
+    ) -> AsyncIterator[bytes]:
         """Validates the turn, then streams its events (see the proto for semantics)."""
+        async for wire in self._streaming(context, lambda: self._start(received, context)):
+            yield wire
+
+    async def _start(
+        self, received: ReceivedStartRun, context: grpc.aio.ServicerContext
+    ) -> _Opened:
         request = received.message
         violations = validate_start_run(
             request,
@@ -127,28 +177,26 @@ class OrchestratorServicer:
             history=received.history,
         )
         if violations:
-            await _abort(context, InvalidRequest(violations))
+            raise InvalidRequest(violations)
         run_request = convert.run_request_from_proto(
             received, limits=self.limits, defaults=self.budgets
         )
         credentials = dict(request.credentials)
         thread_id = request.context.thread_id
         del request
-        # The RPC span (made by the OpenTelemetry interceptor before the request was parsed)
-        # gets the correlation attributes too.
-        trace.get_current_span().set_attributes(run_correlation(run_request.context, "StartRun"))
+        ctx = run_request.context
+        _mark_span(run_correlation(ctx, "StartRun"))
         try:
-            self.auth.authorize_start(context, run_request.context.tenant)
-            # The legacy fingerprint hashes the bytes received, so it can only be computed
-            # before they are released below (a later takeover of a followed run recorded by
-            # an older version then answers ALREADY_EXISTS; the run stays reachable by
-            # StreamRun).
+            self.auth.authorize_start(context, ctx.tenant)
             caller = _caller_trace(context)
             token = otel_context.attach(caller) if caller is not None else None
             try:
                 subscription = await self.manager.start(
                     run_request,
                     credentials,
+                    # Hashes the bytes received, so it can only be computed before they
+                    # are released below (a later takeover of a followed run recorded by an
+                    # older version then answers ALREADY_EXISTS; StreamRun still reaches it).
                     legacy_fingerprint=lambda: convert.legacy_fingerprint(
                         thread_id, received.snapshot_bytes()
                     ),
@@ -156,117 +204,101 @@ class OrchestratorServicer:
             finally:
                 if token is not None:
                     otel_context.detach(token)
-        except RoundtableError as exc:
-            await _abort(context, exc)
         finally:
             received.release()
-        tenant, run_id = run_request.context.tenant, run_request.context.run_id
-        try:
-            async for event in subscription:
-                self._count(event)
-                yield pb.StartRunResponse(event=event)
-            if subscription.error is not None:
-                await _abort(context, subscription.error)
-        finally:
-            if not subscription.reached_end:
-                self.manager.unsubscribe(tenant, run_id, subscription)
-                # Only a client that went away is a dropped stream: one the server ended
-                # with an error (a reader too slow for its buffer, told to re-attach) must
-                # find its run going on when it does.
-                if (
-                    subscription.error is None
-                    and run_request.options.disconnect_policy is DisconnectPolicy.CANCEL
-                ):
-                    await self.manager.cancel(
-                        tenant, run_id, immediate=False, reason="stream_dropped"
-                    )
+        cancel = run_request.options.disconnect_policy is DisconnectPolicy.CANCEL
+        return _Opened(subscription, ctx.tenant, ctx.run_id, cancel_on_drop=cancel)
 
     async def StreamRun(
         self, request: pb.StreamRunRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.StreamRunResponse]:
+    ) -> AsyncIterator[bytes]:
         """Replays durable events after after_seq, then follows the live run."""
-        violations = validate_run_ids(request.run_id, request.tenant, self.limits)
-        if violations:
-            await _abort(context, InvalidRequest(violations))
-        _mark_span(request.tenant, request.run_id, "StreamRun")
-        try:
-            self.auth.authorize_access(context, request.tenant, request.run_id)
+
+        async def open_stream() -> _Opened:
+            self._admit_run(context, request.tenant, request.run_id, "StreamRun")
             subscription = await self.manager.stream(
                 request.tenant, request.run_id, request.after_seq
             )
-        except RoundtableError as exc:
-            await _abort(context, exc)
-        try:
-            async for event in subscription:
-                self._count(event)
-                yield pb.StreamRunResponse(event=event)
-            if subscription.error is not None:
-                await _abort(context, subscription.error)
-        finally:
-            if not subscription.reached_end:
-                self.manager.unsubscribe(request.tenant, request.run_id, subscription)
+            return _Opened(subscription, request.tenant, request.run_id)
+
+        async for wire in self._streaming(context, open_stream):
+            yield wire
 
     async def CancelRun(
         self, request: pb.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelRunResponse:
         """Asks a run to stop; says so when it had already ended."""
-        violations = validate_cancel(request, self.limits)
-        if violations:
-            await _abort(context, InvalidRequest(violations))
-        _mark_span(request.tenant, request.run_id, "CancelRun")
-        try:
-            self.auth.authorize_access(context, request.tenant, request.run_id)
+
+        async def call() -> pb.CancelRunResponse:
+            violations = validate_cancel(request, self.limits)
+            if violations:
+                raise InvalidRequest(violations)
+            self._admit_run(context, request.tenant, request.run_id, "CancelRun", validated=True)
             result = await self.manager.cancel(
                 request.tenant,
                 request.run_id,
                 immediate=request.mode == pb.CANCEL_MODE_IMMEDIATE,
                 reason=request.reason or "cancel_requested",
             )
-        except RoundtableError as exc:
-            await _abort(context, exc)
-        _mark_span(request.tenant, request.run_id, "CancelRun", result.record.thread_id)
-        return pb.CancelRunResponse(
-            outcome=pb.CANCEL_OUTCOME_REQUESTED
-            if result.accepted
-            else pb.CANCEL_OUTCOME_ALREADY_ENDED,
-            run=run_to_proto(result.record, result.progress),
-        )
+            self._mark_run(request.tenant, request.run_id, "CancelRun", result.record.thread_id)
+            return pb.CancelRunResponse(
+                outcome=pb.CANCEL_OUTCOME_REQUESTED
+                if result.accepted
+                else pb.CANCEL_OUTCOME_ALREADY_ENDED,
+                run=convert.run_to_proto(result.record, result.progress),
+            )
+
+        return await self._unary(context, call)
 
     async def GetRun(
         self, request: pb.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetRunResponse:
         """The run's status, plan, finished replies and last seq."""
-        violations = validate_run_ids(request.run_id, request.tenant, self.limits)
-        if violations:
-            await _abort(context, InvalidRequest(violations))
-        _mark_span(request.tenant, request.run_id, "GetRun")
-        try:
-            self.auth.authorize_access(context, request.tenant, request.run_id)
+
+        async def call() -> pb.GetRunResponse:
+            self._admit_run(context, request.tenant, request.run_id, "GetRun")
             record, progress = await self.manager.describe(request.tenant, request.run_id)
-        except RoundtableError as exc:
-            await _abort(context, exc)
-        _mark_span(request.tenant, request.run_id, "GetRun", record.thread_id)
-        return pb.GetRunResponse(run=run_to_proto(record, progress))
+            self._mark_run(request.tenant, request.run_id, "GetRun", record.thread_id)
+            return pb.GetRunResponse(run=convert.run_to_proto(record, progress))
 
+        return await self._unary(context, call)
 
-def _mark_span(tenant: str, run_id: str, rpc: str, thread_id: str = "") -> None:
-    """Puts what this RPC knows of the run's correlation on its span (the gRPC
-    interceptor's, when spans are exported): an operator finds a cancel or a re-attach by
-    its run id, tenant or thread like every other span of the run."""
-    span = trace.get_current_span()
-    if not span.is_recording():
-        return
-    attributes = {RUN_ID: run_id, TENANT: tenant, CALLER_NODE: rpc}
-    if thread_id:
-        attributes |= {THREAD_ID: thread_id, CONVERSATION_ID: thread_id}
-    span.set_attributes(attributes)
+    def _admit_run(
+        self,
+        context: grpc.aio.ServicerContext,
+        tenant: str,
+        run_id: str,
+        rpc: str,
+        *,
+        validated: bool = False,
+    ) -> None:
+        """Validates a run's ids (unless the caller validated the whole request), marks the
+        span, and checks that the caller may see the run.
+
+        Raises:
+            InvalidRequest: bad ids.
+            RunNotFound: the caller may not act for `tenant` (the answer a missing run gets).
+        """
+        if not validated:
+            violations = validate_run_ids(run_id, tenant, self.limits)
+            if violations:
+                raise InvalidRequest(violations)
+        self._mark_run(tenant, run_id, rpc)
+        self.auth.authorize_access(context, tenant, run_id)
+
+    @staticmethod
+    def _mark_run(tenant: str, run_id: str, rpc: str, thread_id: str = "") -> None:
+        _mark_span(
+            rpc_correlation(tenant=tenant, run_id=run_id, caller_node=rpc, thread_id=thread_id)
+        )
 
 
 def add_to_server(servicer: OrchestratorServicer, server: grpc.aio.Server) -> None:
     """Registers the servicer's RPCs under roundtable.v1.OrchestratorService.
 
     Built from the service descriptor, like the generated registration, except that
-    StartRun's request is deserialized into a `ReceivedStartRun`.
+    StartRun's request is deserialized into a `ReceivedStartRun` and the two streaming
+    RPCs send events as the bytes the codec made (`frame_event`).
     """
     service = pb.DESCRIPTOR.services_by_name["OrchestratorService"]
     handlers = {}
@@ -283,7 +315,9 @@ def add_to_server(servicer: OrchestratorServicer, server: grpc.aio.Server) -> No
             request_deserializer=(
                 ReceivedStartRun.parse if method.name == "StartRun" else request_type.FromString
             ),
-            response_serializer=response_type.SerializeToString,
+            response_serializer=(
+                frame_event if method.server_streaming else response_type.SerializeToString
+            ),
         )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)

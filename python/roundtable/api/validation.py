@@ -17,6 +17,13 @@ from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
 
 _ID = re.compile(r"[A-Za-z0-9._:\-]+")
+_CONCURRENCY = frozenset(
+    {
+        spb.SPEAKER_CONCURRENCY_UNSPECIFIED,
+        spb.SPEAKER_CONCURRENCY_SEQUENTIAL,
+        spb.SPEAKER_CONCURRENCY_PARALLEL,
+    }
+)
 
 
 def _too_big(text: str, limit: int) -> bool:
@@ -176,6 +183,11 @@ def _snapshot(
             )
         if session.HasField("budgets"):
             _budgets(c, "snapshot.session.budgets", session.budgets)
+        if session.speaker_concurrency not in _CONCURRENCY:
+            c.add(
+                "snapshot.session.speaker_concurrency",
+                "must be SEQUENTIAL or PARALLEL (or unset)",
+            )
 
     c.count("snapshot.history", len(history), limits.max_history)
     # Only the window Roundtable reads is validated message by message; the rest is only
@@ -288,6 +300,12 @@ def _budgets(c: _Collector, path: str, budgets: spb.Budgets) -> None:
     c.bound(f"{path}.max_rounds", budgets.max_rounds, 0, limits.max_rounds)
     c.bound(f"{path}.max_output_tokens", budgets.max_output_tokens, 0, limits.max_output_tokens)
     c.bound(f"{path}.run_timeout_seconds", budgets.run_timeout_seconds, 0, limits.max_run_timeout_s)
+    c.bound(
+        f"{path}.max_parallel_speakers",
+        budgets.max_parallel_speakers,
+        0,
+        limits.max_parallel_speakers,
+    )
 
 
 def _options(c: _Collector, options: pb.RunOptions) -> None:

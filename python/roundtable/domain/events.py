@@ -1,7 +1,8 @@
 """Domain events: what nodes write to the event sink.
 
-The server numbers them (`seq`), commits all but deltas to the event log, converts them
-to protobuf at the edge and streams them. Nothing here carries secrets or prompt text.
+The runs layer numbers them (`seq`) in an `Envelope`, commits all but deltas to the event
+log (encoded once by `roundtable.codec`) and streams them. Nothing here carries secrets or
+prompt text.
 """
 
 from __future__ import annotations
@@ -191,3 +192,30 @@ Event = (
 """Every event a run can emit (permission_required is reserved and never emitted)."""
 
 TERMINAL_EVENTS = (RunCancelled, RunCompleted, RunFailed)
+"""The events that end an execution of a run."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    """An event in its run: what the event log holds and what streams carry."""
+
+    run_id: str
+    seq: int
+    """The event's number in its run; a delta carries the seq of the last durable event."""
+    emitted_at: float
+    """Seconds since the epoch."""
+    event: Event
+    wire: bytes = b""
+    """The event's encoding (a serialized RunEvent), made once by the codec when the event is
+    logged and sent as is by every stream and replay; empty for a delta (never logged),
+    which the edge encodes."""
+
+    @property
+    def durable(self) -> bool:
+        """Whether the event is logged (every event but a delta)."""
+        return not isinstance(self.event, AssistantDelta)
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the event ends an execution of its run."""
+        return isinstance(self.event, TERMINAL_EVENTS)

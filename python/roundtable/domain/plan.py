@@ -46,6 +46,8 @@ class PlanStep:
     round: int = 1
     count_off_number: int = 0
     """For a count-off: the number this speaker must say (from 1); 0 otherwise."""
+    parallel_group: int = 0
+    """Steps with the same non-zero group start together; 0: the step runs alone."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

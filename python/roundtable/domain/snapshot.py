@@ -33,6 +33,13 @@ class DisconnectPolicy(StrEnum):
     CANCEL = "cancel"
 
 
+class SpeakerConcurrency(StrEnum):
+    """Whether a round's independent speakers answer one after another or at once."""
+
+    SEQUENTIAL = "sequential"
+    PARALLEL = "parallel"
+
+
 class BusyThreadPolicy(StrEnum):
     """What a StartRun does when its thread already has a live run."""
 
@@ -115,6 +122,8 @@ class Budgets:
     max_rounds: int = 2
     max_output_tokens: int = 512
     run_timeout_s: float = 600.0
+    max_parallel_speakers: int = 4
+    """Speakers answering at once in a PARALLEL session."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +189,7 @@ class Session:
     default_model: ModelRef = OFFLINE_MODEL
     budgets: Budgets = field(default_factory=Budgets)
     session_id: str = ""
+    speaker_concurrency: SpeakerConcurrency = SpeakerConcurrency.SEQUENTIAL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""Builds the conversation graph; the node list reads like DESIGN.md's diagram."""
+"""Builds the conversation graph; the node list reads like docs/architecture.md's life of a run."""
 
 from __future__ import annotations
 

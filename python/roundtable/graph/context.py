@@ -127,17 +127,6 @@ class Continuation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GraphSettings:
-    """Tunables of the graph (from server settings)."""
-
-    count_off_max_retries: int = 2
-    memory_top_k: int = 5
-    memory_max_chars: int = 2_000
-    prompt_history: int = 20
-    """History messages put into a member's prompt."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class GraphContext:
     """The runtime context of one run."""
 
@@ -149,7 +138,6 @@ class GraphContext:
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
     prior: Prior = Prior()
     continuation: Continuation | None = None
-    settings: GraphSettings = GraphSettings()
     tracer: trace.Tracer | None = None
     """Spans for nodes and speakers; None when nothing is traced (no span is even made)."""
     metrics: Metrics = field(default_factory=no_metrics)

@@ -34,6 +34,15 @@ from roundtable.harness.request import CallMeta, ModelRequest
 from roundtable.models.base import ChatCall, ChatMessage, ChatResult, reply_char_bound
 from roundtable.telemetry.attributes import run_correlation
 
+COUNT_OFF_MAX_RETRIES = 2
+"""Times a count-off reply that fails its check is asked again before the bare number."""
+MEMORY_TOP_K = 5
+"""Memories of a member put into its prompt, at most."""
+MEMORY_MAX_CHARS = 2_000
+"""Characters of memories put into a member's prompt, at most."""
+PROMPT_HISTORY = 20
+"""History messages put into a member's prompt, at most."""
+
 log = logging.getLogger(__name__)
 
 
@@ -88,43 +97,66 @@ async def speak(
     return outcome
 
 
+class _Tally:
+    """What a speaker's attempts add up to: tokens, model calls, the model that answered."""
+
+    def __init__(self) -> None:
+        self.usage = TokenUsage()
+        self.model_calls = 0
+        """Model calls, the harness's retries and failovers included."""
+        self.answered_by = ""
+        """The model of the last answer, once there is one."""
+
+    def answered(self, result: ChatResult) -> None:
+        self.model_calls += result.attempts
+        self.answered_by = result.model
+        self.usage = self.usage + result.usage
+
+
+class _TextStream:
+    """Streams a speaker's text as deltas; each attempt (and each restart of one inside
+    the harness: a retry, a failover) is a new delta attempt, so a client drops the text
+    of an abandoned one."""
+
+    def __init__(self, ctx: GraphContext, step: PlanStep) -> None:
+        self._sink = ctx.sink
+        self._reply_id = step.reply_id
+        self.attempt = 0
+        self.on_text = self._text if ctx.request.options.stream_deltas else None
+
+    def _text(self, text: str) -> None:
+        self._sink.delta(self._reply_id, text, self.attempt)
+
+    def restart(self) -> None:
+        """A new attempt begins."""
+        self.attempt += 1
+
+
 async def _speak(
     ctx: GraphContext, step: PlanStep, replies: list[ReplyDict], caller_node: str
 ) -> SpeakerOutcome:
     snapshot = ctx.request.snapshot
     member = snapshot.member(step.member_id)
-    settings = ctx.settings
     memories = select_memories(
         member.memories,
         f"{snapshot.user_turn.text} {step.task}",
-        top_k=settings.memory_top_k,
-        max_chars=settings.memory_max_chars,
+        top_k=MEMORY_TOP_K,
+        max_chars=MEMORY_MAX_CHARS,
     )
     messages = member_messages(
-        member, snapshot, step, memories, replies, history_limit=settings.prompt_history
+        member, snapshot, step, memories, replies, history_limit=PROMPT_HISTORY
     )
     ref = snapshot.model_for(member)
-    tries = 1 + (settings.count_off_max_retries if step.count_off_number else 0)
-    usage = TokenUsage()
-    stream = ctx.request.options.stream_deltas
-    text_attempt = 0
-
-    def on_text(text: str) -> None:
-        ctx.sink.delta(step.reply_id, text, text_attempt)
-
-    def on_restart() -> None:
-        nonlocal text_attempt
-        text_attempt += 1
-
-    model_attempts = 0  # model calls, the harness's retries and failovers included
-    answered_by = ""  # the model of the last answer, once there is one
+    number = step.count_off_number
+    tries = 1 + (COUNT_OFF_MAX_RETRIES if number else 0)
+    texts, tally = _TextStream(ctx, step), _Tally()
     for attempt in range(1, tries + 1):
         await ctx.sink.emit(
             SpeakerStarted(
                 step=step.index, member_id=member.member_id, reply_id=step.reply_id, attempt=attempt
             )
         )
-        text_attempt += 1
+        texts.restart()
         request = ModelRequest(
             ref=ref,
             call=ChatCall(
@@ -132,46 +164,22 @@ async def _speak(
             ),
             meta=call_meta(ctx, caller_node),
             credentials=ctx.credentials,
-            on_text=on_text if stream else None,
-            on_restart=on_restart,
+            on_text=texts.on_text,
+            on_restart=texts.restart,
         )
         try:
             result = await ctx.harness.call(request)
         except ModelError as exc:
-            model_attempts += exc.attempts
-            if step.count_off_number and answered_by:
+            tally.model_calls += exc.attempts
+            if number and tally.answered_by:
                 # The member answered, wrongly, and asking again failed: the count-off
                 # still gets its number (the contract's replacement), not a failure.
-                content, finish, model = str(step.count_off_number), FinishReason.REPLACED, ""
-                break
-            # The error's text is ours (a status, "connection refused"), never the
-            # provider's message or the prompt: safe for the event and the log alike.
-            log.warning(
-                "speaker %s failed (run %s, reply %s, %d attempt(s)): %s %s",
-                member.member_id,
-                ctx.request.context.run_id,
-                step.reply_id,
-                model_attempts,
-                exc.code,
-                exc,
-            )
-            await ctx.sink.emit(
-                SpeakerFailed(
-                    reply_id=step.reply_id,
-                    member_id=member.member_id,
-                    step=step.index,
-                    code=exc.code,
-                    message=str(exc),
-                    attempts=model_attempts,
-                )
-            )
-            return SpeakerOutcome(_reply(step, "", failed=True), usage)
-        model_attempts += result.attempts
-        answered_by = result.model
-        usage = usage + result.usage
+                return await _final(ctx, step, str(number), FinishReason.REPLACED, tally)
+            return await _failed(ctx, step, exc, tally)
+        tally.answered(result)
         content, finish = bounded_reply(result, step.token_budget)
-        if step.count_off_number:
-            problem = check_count_off(content, step.count_off_number)
+        if number:
+            problem = check_count_off(content, number)
             if problem and attempt < tries:
                 # Ask again with the wrong answer and the reason in view; the task itself
                 # (and its number) never changes.
@@ -181,29 +189,59 @@ async def _speak(
                     ChatMessage(
                         "user",
                         f"That reply {problem}. Reply with exactly your number, "
-                        f"{step.count_off_number}, and nothing else.",
+                        f"{number}, and nothing else.",
                     ),
                 )
                 continue
             if problem:
-                content, finish = str(step.count_off_number), FinishReason.REPLACED
-        model = result.model
-        break
-    else:
-        raise AssertionError("unreachable: the last attempt always breaks")
+                content, finish = str(number), FinishReason.REPLACED
+        return await _final(ctx, step, content, finish, tally)
+    raise AssertionError("unreachable: the last attempt always returns")
+
+
+async def _final(
+    ctx: GraphContext, step: PlanStep, content: str, finish: FinishReason, tally: _Tally
+) -> SpeakerOutcome:
     await ctx.sink.emit(
         AssistantFinal(
             reply_id=step.reply_id,
-            member_id=member.member_id,
+            member_id=step.member_id,
             step=step.index,
             content=content,
-            model=model or answered_by,
-            usage=usage,
+            model=tally.answered_by,
+            usage=tally.usage,
             finish_reason=finish,
-            attempts=model_attempts,
+            attempts=tally.model_calls,
         )
     )
-    return SpeakerOutcome(_reply(step, content, failed=False), usage)
+    return SpeakerOutcome(_reply(step, content, failed=False), tally.usage)
+
+
+async def _failed(
+    ctx: GraphContext, step: PlanStep, exc: ModelError, tally: _Tally
+) -> SpeakerOutcome:
+    # The error's text is ours (a status, "connection refused"), never the provider's
+    # message or the prompt: safe for the event and the log alike.
+    log.warning(
+        "speaker %s failed (run %s, reply %s, %d attempt(s)): %s %s",
+        step.member_id,
+        ctx.request.context.run_id,
+        step.reply_id,
+        tally.model_calls,
+        exc.code,
+        exc,
+    )
+    await ctx.sink.emit(
+        SpeakerFailed(
+            reply_id=step.reply_id,
+            member_id=step.member_id,
+            step=step.index,
+            code=exc.code,
+            message=str(exc),
+            attempts=tally.model_calls,
+        )
+    )
+    return SpeakerOutcome(_reply(step, "", failed=True), tally.usage)
 
 
 def bounded_reply(result: ChatResult, max_tokens: int) -> tuple[str, FinishReason]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from roundtable.domain import prompt_sections as sections
 from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Member, Memory, MessageRole, SessionKind, Snapshot
+from roundtable.graph.concurrency import PARALLEL_HINT, parallel
 from roundtable.graph.state import ReplyDict
 from roundtable.models.base import ChatMessage
 
@@ -91,9 +92,10 @@ def supervisor_messages(
         }
         for m in snapshot.members
     ]
+    hint = f"{PARALLEL_HINT}\n" if parallel(snapshot.session) else ""
     system = (
-        f"{SUPERVISOR_INSTRUCTIONS}\nPlan at most {max_steps} steps. This is round {round_no}.\n\n"
-        f"{sections.ROSTER}\n{json.dumps(roster, ensure_ascii=False)}"
+        f"{SUPERVISOR_INSTRUCTIONS}\nPlan at most {max_steps} steps. This is round {round_no}.\n"
+        f"{hint}\n{sections.ROSTER}\n{json.dumps(roster, ensure_ascii=False)}"
     )
     user = snapshot.user_turn.text
     if replies:

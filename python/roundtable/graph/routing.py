@@ -13,7 +13,7 @@ with the node's update laid over it (every state key holds its last value, so th
 state the next node will see), and returns the node's update as a `Command` whose `goto`
 is the decision. When traces are exported the decision gets a span named after it, a
 child of the run's span like a node's (the node's span has ended by then), so a trace
-still shows every routing point of DESIGN.md's diagram with its `caller_node`.
+still shows every routing point of the graph (docs/architecture.md) with its `caller_node`.
 
 A decision may end the graph (`END`): the update then also sets `finished`, as the last
 node does, so the checkpoint saver knows the run will never resume.

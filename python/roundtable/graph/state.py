@@ -21,6 +21,7 @@ class StepDict(TypedDict):
     token_budget: int
     round: int
     count_off_number: int
+    parallel_group: int
 
 
 class ReplyDict(TypedDict):
@@ -59,9 +60,10 @@ def step_to_dict(step: PlanStep) -> StepDict:
         token_budget=step.token_budget,
         round=step.round,
         count_off_number=step.count_off_number,
+        parallel_group=step.parallel_group,
     )
 
 
 def step_from_dict(data: StepDict) -> PlanStep:
-    """The step of plain data."""
+    """The step of plain data (a checkpoint written before parallel groups has none)."""
     return PlanStep(**data)

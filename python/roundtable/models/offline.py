@@ -21,8 +21,6 @@ Behaviour knobs for tests and demos come from the target's base_url query string
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -41,7 +39,6 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import PrivateAttr, ValidationError
 
-from roundtable.domain import prompt_sections as sections
 from roundtable.domain.errors import (
     InvalidModelOutput,
     ModelRateLimited,
@@ -50,29 +47,10 @@ from roundtable.domain.errors import (
 )
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
+from roundtable.models import offline_script as script
 from roundtable.models.base import ChatCall, ChatResult, TextSink
 
 _TOKEN = re.compile(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]+\s*|\s+")
-# The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
-# question about "number 7" that a supervisor puts in a task is no count-off.
-_NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.")
-# "remember that X" keeps X; "I prefer X" keeps the whole statement (the verb is the fact).
-_EXPLICIT_MEMORY = re.compile(
-    r"(?:(?:please remember|remember that|remember:|记住)[:：,，]?\s*([^.!?。！？\n]+))"
-    r"|((?:I prefer|我喜欢|我更喜欢)\s*[^.!?。！？\n]+)",
-    re.IGNORECASE,
-)
-
-
-_OPENERS = ("Well,", "Honestly,", "Here is my take", "Let me add this", "If you ask me,")
-_STANCES = (
-    "I would start small and see what holds up.",
-    "I'd first ask what could go wrong, then decide.",
-    "there is a simple answer hiding in there; let's find it together.",
-    "the facts matter most, so let's gather them first.",
-    "every good plan starts with a good story, and this one has promise.",
-    "patience will serve us better than haste here.",
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,35 +97,6 @@ class OfflineKnobs:
             fail=query.get("fail", [""])[0],
             fail_times=int(num("fail_times", -1)),
         )
-
-
-def _sections(text: str) -> dict[str, str]:
-    """Splits a prompt into its `## Heading` sections."""
-    out: dict[str, str] = {}
-    current = ""
-    # "\n" only: splitlines() also splits at U+2028, U+0085 and friends, which JSON
-    # sections carry unescaped (json.dumps with ensure_ascii=False) inside a user's text.
-    for line in text.split("\n"):
-        if line.startswith("## "):
-            current = line.strip()
-            out[current] = ""
-        elif current:
-            out[current] += line + "\n"
-    return {k: v.strip() for k, v in out.items()}
-
-
-def _mentions(text: str, word: str) -> bool:
-    """Whether `word` occurs in `text` (whole words for Latin script, substrings for CJK)."""
-    word = word.lower().strip()
-    if not word:
-        return False
-    if word.isascii():
-        return re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", text) is not None
-    return word in text
-
-
-def _seed(*parts: str) -> int:
-    return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=4).digest(), "big")
 
 
 class OfflineChatModel(BaseChatModel):
@@ -266,9 +215,9 @@ class OfflineChatModel(BaseChatModel):
             await asyncio.sleep(self.knobs.latency_s)
         input_tokens = prompt_chars // 4 + 1
         if tool:
-            args = self._tool_args(tool, system, last_user, bad=bool(failing))
+            args = script.tool_args(tool, system, last_user, bad=bool(failing))
             return Decision(args=args, input_tokens=input_tokens, output_tokens=8)
-        text = self._reply(system, last_user)
+        text = script.reply(system, last_user)
         return Decision(
             text=text, input_tokens=input_tokens, output_tokens=len(_TOKEN.findall(text))
         )
@@ -282,75 +231,6 @@ class OfflineChatModel(BaseChatModel):
         if kind == "rejected":
             raise ModelRejected("offline fault injection: 400")
         raise ModelUnavailable("offline fault injection: 500")
-
-    # -- what the offline model says ----------------------------------------------------
-
-    def _reply(self, system: str, last_user: str) -> str:
-        task = _sections(last_user).get(sections.TASK, "") or last_user.strip()
-        number = _NUMBER_TASK.search(task)
-        if number:
-            return f"{number.group(1)}!"
-        secs = _sections(system)
-        name_match = re.match(r"You are (.+?)\.", system)
-        name = name_match.group(1) if name_match else "Assistant"
-        persona = secs.get(sections.PERSONA, "")
-        voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
-        topic = last_user.split(sections.TASK)[0].strip().splitlines()
-        subject = re.sub(r"@\S+\s*", "", topic[0] if topic else task).strip()[:80] or task[:80]
-        seed = _seed(name, subject)
-        reply = f"{_OPENERS[seed % len(_OPENERS)]} about \u201c{subject}\u201d: "
-        reply += _STANCES[(seed // 7) % len(_STANCES)]
-        if voice:
-            reply += f" ({voice})"
-        memories = secs.get(sections.MEMORIES, "")
-        if memories:
-            reply += f" I remember: {memories.splitlines()[0].lstrip('- ')[:80]}"
-        return reply
-
-    def _tool_args(self, name: str, system: str, last_user: str, *, bad: bool) -> dict[str, Any]:
-        secs = _sections(system)
-        if name == sections.SUPERVISOR_PLAN_TOOL:
-            roster: list[dict[str, Any]] = json.loads(secs.get(sections.ROSTER, "[]") or "[]")
-            return self._plan(roster, last_user, bad=bad)
-        if name == sections.MEMORY_PROPOSALS_TOOL:
-            turn: dict[str, Any] = json.loads(secs.get(sections.TURN, "{}") or "{}")
-            return self._memories(turn)
-        return {}
-
-    @staticmethod
-    def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool) -> dict[str, Any]:
-        if bad:
-            return {"steps": [{"member_id": "no-such-member", "task": "speak"}], "converged": True}
-        lowered = text.lower()
-        chosen = [
-            m
-            for m in roster
-            if any(_mentions(lowered, w) for w in [m.get("display_name", ""), *m.get("skills", [])])
-        ] or roster[:2]
-        topic = re.sub(r"\s+", " ", text).strip()[:200]
-        steps = [
-            {"member_id": m["member_id"], "task": f"Give your view on: {topic}"} for m in chosen
-        ]
-        return {"steps": steps, "converged": True}
-
-    @staticmethod
-    def _memories(turn: dict[str, Any]) -> dict[str, Any]:
-        text = str(turn.get("user_text", ""))
-        replies: list[dict[str, str]] = turn.get("replies", [])
-        proposals = []
-        for match in _EXPLICIT_MEMORY.finditer(text):
-            content = (match.group(1) or match.group(2)).strip()
-            for reply in replies:
-                proposals.append(
-                    {
-                        "member_id": reply["member_id"],
-                        "action": "create",
-                        "content": content,
-                        "importance": 0.7,
-                        "evidence_reply_ids": [reply["reply_id"]],
-                    }
-                )
-        return {"proposals": proposals}
 
 
 def iter_tokens(text: str) -> Iterator[str]:

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from roundtable.domain.errors import RoundtableError, RunOrphaned, StreamOverflow, TooManyStreams
+from roundtable.domain.events import AssistantDelta, Envelope
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
 from roundtable.runs.progress import Progress
 from roundtable.store.base import RunRecord
-from roundtable.v1 import events_pb2 as epb
 
 _END = None
-TERMINAL_KINDS = frozenset({"run_completed", "run_cancelled", "run_failed"})
-"""The events that end an execution of a run."""
 MERGED_DELTA_MAX = 64 * 1024
 """Largest text a merged delta reaches (characters; the proto's delta_max_bytes ceiling)."""
 
@@ -37,10 +36,10 @@ class Subscription:
     StreamRun(after_seq = the last seq it received).
     """
 
-    def __init__(self, backlog: list[epb.RunEvent], *, ended: bool, buffer: int = 0) -> None:
+    def __init__(self, backlog: list[Envelope], *, ended: bool, buffer: int = 0) -> None:
         # A deque and one waiter rather than an asyncio.Queue: one reader, and a parked
         # run keeps a stream per client, so the Queue's three more deques (~2 KB) count.
-        self._items: deque[epb.RunEvent | None] = deque(backlog)
+        self._items: deque[Envelope | _Merged | None] = deque(backlog)
         self._waiter: asyncio.Future[None] | None = None
         if ended:
             self._items.append(_END)
@@ -55,38 +54,34 @@ class Subscription:
         (a resumed run's events read from the log may be published after the read)."""
         self.follower: asyncio.Task[None] | None = None
         """For a run another replica executes: the task that pumps its event log in."""
-        self._own_tail: epb.RunEvent | None = None
-        """The merged delta at the queue's tail: this stream's own copy, safe to extend."""
-        self._tail_parts: list[str] = []
-        self._merged_size = 0
-        """Its text, joined once when it is taken (appending to a str would copy it each time)."""
 
     @property
     def full(self) -> bool:
         """Whether the reader is `buffer` events behind."""
         return bool(self.limit) and len(self._items) >= self.limit
 
-    def push(self, event: epb.RunEvent) -> None:
+    def push(self, envelope: Envelope) -> None:
         """Queues an event whatever the buffer (for feeders that wait while `full`)."""
-        self._put(event)
+        self._put(envelope)
 
-    def _put(self, item: epb.RunEvent | None) -> None:
+    def _put(self, item: Envelope | _Merged | None) -> None:
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def offer(self, event: epb.RunEvent, *, durable: bool) -> bool:
+    def offer(self, envelope: Envelope) -> bool:
         """Hands a live event over without waiting; False when the stream had to end."""
         if self.closed:
             return False
+        durable = envelope.durable
         if durable:
-            if event.seq <= self.seen:
+            if envelope.seq <= self.seen:
                 return True
-            self.seen = event.seq
-        elif event.seq < self.seen:
+            self.seen = envelope.seq
+        elif envelope.seq < self.seen:
             return True  # a delta before what the stream asked for (it carries the last seq)
-        elif self._merge(event):
+        elif self._merge(envelope):
             return True
         if self.full:
             if not durable:
@@ -94,44 +89,27 @@ class Subscription:
                 return True
             self.end(StreamOverflow(f"more than {self.limit} events pending"))
             return False
-        self._put(event)
+        self._put(envelope)
         return True
 
-    def _merge(self, event: epb.RunEvent) -> bool:
+    def _merge(self, envelope: Envelope) -> bool:
         """Appends a delta to the delta waiting at the tail of the queue, if it can."""
         items = self._items
         if not items:
             return False
         tail = items[-1]
-        if tail is None or tail.WhichOneof("payload") != "assistant_delta":
+        new = envelope.event
+        assert isinstance(new, AssistantDelta)
+        if isinstance(tail, _Merged):
+            return tail.extend(new)
+        if tail is None or not isinstance(tail.event, AssistantDelta):
             return False
-        last, new = tail.assistant_delta, event.assistant_delta
-        if (
-            last.reply_id != new.reply_id
-            or last.attempt != new.attempt
-            or (self._merged_size if tail is self._own_tail else len(last.text)) + len(new.text)
-            > MERGED_DELTA_MAX
-        ):
+        # Published envelopes are shared by every stream of the run: merge into our own.
+        merged = _Merged(tail)
+        if not merged.extend(new):
             return False
-        if tail is not self._own_tail:
-            self._seal()
-            # Published events are shared by every stream of the run: extend a copy.
-            own = epb.RunEvent()
-            own.CopyFrom(tail)
-            items[-1] = self._own_tail = own
-            self._tail_parts = [last.text]
-            self._merged_size = len(last.text)
-        self._tail_parts.append(new.text)
-        self._merged_size += len(new.text)
+        items[-1] = merged
         return True
-
-    def _seal(self) -> None:
-        """Writes the merged text into the merged delta; it is extended no more."""
-        own = self._own_tail
-        if own is not None:
-            own.assistant_delta.text = "".join(self._tail_parts)
-            self._own_tail = None
-            self._tail_parts = []
 
     def end(self, error: RoundtableError | None = None) -> None:
         """Ends the stream: pending events are discarded when it ends with an error."""
@@ -141,10 +119,9 @@ class Subscription:
         if error is not None:
             self.error = error
             self._items.clear()
-            self._own_tail = None
         self._put(_END)
 
-    async def __aiter__(self) -> AsyncIterator[epb.RunEvent]:
+    async def __aiter__(self) -> AsyncIterator[Envelope]:
         items = self._items
         while True:
             while not items:
@@ -153,13 +130,52 @@ class Subscription:
                     await self._waiter
                 finally:
                     self._waiter = None
-            event = items.popleft()
-            if event is not None and event is self._own_tail:
-                self._seal()
-            if event is _END:
+            item = items.popleft()
+            if item is _END:
                 self.reached_end = self.error is None
                 return
-            yield event
+            yield item.sealed() if isinstance(item, _Merged) else item
+
+
+class _Merged:
+    """Deltas of one reply and attempt merged while they waited in one stream's queue.
+
+    The text is joined once, when the stream takes it (appending to a str would copy it
+    each time).
+    """
+
+    __slots__ = ("_first", "_parts", "_size")
+
+    def __init__(self, first: Envelope) -> None:
+        assert isinstance(first.event, AssistantDelta)
+        self._first = first
+        self._parts = [first.event.text]
+        self._size = len(first.event.text)
+
+    def extend(self, delta: AssistantDelta) -> bool:
+        """Appends a delta of the same reply and attempt, up to MERGED_DELTA_MAX."""
+        head = self._first.event
+        assert isinstance(head, AssistantDelta)
+        if (
+            delta.reply_id != head.reply_id
+            or delta.attempt != head.attempt
+            or self._size + len(delta.text) > MERGED_DELTA_MAX
+        ):
+            return False
+        self._parts.append(delta.text)
+        self._size += len(delta.text)
+        return True
+
+    def sealed(self) -> Envelope:
+        """The merged delta as one envelope (encoded by the edge, like every delta)."""
+        head = self._first.event
+        assert isinstance(head, AssistantDelta)
+        text = "".join(self._parts)
+        return dataclasses.replace(
+            self._first,
+            event=AssistantDelta(reply_id=head.reply_id, text=text, attempt=head.attempt),
+            wire=b"",
+        )
 
 
 @dataclass(eq=False)
@@ -170,7 +186,7 @@ class LiveRun:
     record: RunRecord
     progress: Progress = field(default_factory=Progress)
     stop: StopSignal = field(default_factory=StopSignal)
-    backlog: list[epb.RunEvent] = field(default_factory=list)
+    backlog: list[Envelope] = field(default_factory=list)
     subscribers: set[Subscription] = field(default_factory=set)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -196,7 +212,7 @@ class LiveRun:
         """(tenant, thread_id)."""
         return (self.record.tenant, self.record.thread_id)
 
-    def subscribe(self, after_seq: int, *, head: Sequence[epb.RunEvent] = ()) -> Subscription:
+    def subscribe(self, after_seq: int, *, head: Sequence[Envelope] = ()) -> Subscription:
         """A stream of the durable events after `after_seq`, then the live ones.
 
         `head` holds events read from the log that precede what is in memory.
@@ -225,12 +241,12 @@ class LiveRun:
         """Stops feeding a stream (its client went away)."""
         self.subscribers.discard(sub)
 
-    def publish(self, event: epb.RunEvent, *, durable: bool) -> None:
+    def publish(self, envelope: Envelope) -> None:
         """Hands an event to every stream; durable ones are kept for late subscribers."""
-        if durable:
-            self.backlog.append(event)
-            self.ended = event.WhichOneof("payload") in TERMINAL_KINDS
-        overflowed = [sub for sub in self.subscribers if not sub.offer(event, durable=durable)]
+        if envelope.durable:
+            self.backlog.append(envelope)
+            self.ended = envelope.terminal
+        overflowed = [sub for sub in self.subscribers if not sub.offer(envelope)]
         for sub in overflowed:
             self.subscribers.discard(sub)
 

@@ -6,13 +6,12 @@ assistant_final (or speaker_failed) is in the log, whatever any checkpoint says.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from roundtable.api.convert import plan_source_from_proto, plan_step_from_proto
 from roundtable.domain.events import (
     AssistantFinal,
+    Envelope,
     Event,
     MemoryProposed,
     PlanCreated,
@@ -20,7 +19,6 @@ from roundtable.domain.events import (
     TokenUsage,
 )
 from roundtable.domain.plan import PlanSource, PlanStep
-from roundtable.v1 import events_pb2 as epb
 
 
 @dataclass(slots=True)
@@ -37,10 +35,16 @@ class Progress:
     verdicts: dict[int, tuple[PlanSource, bool]] = field(default_factory=dict)
     """round -> (who planned it, whether the discussion was finished after it)."""
 
-    def observe_emitted(self, event: Event) -> None:
-        """Updates the progress with a durable event this process emits (`observe` reads
-        logged ones): the plan's steps and the replies are the emitted objects, shared with
-        the graph, rather than copies decoded from protobuf."""
+    @classmethod
+    def of(cls, envelopes: Iterable[Envelope]) -> Progress:
+        """The progress a run's logged events record."""
+        progress = cls()
+        for envelope in envelopes:
+            progress.observe(envelope.event)
+        return progress
+
+    def observe(self, event: Event) -> None:
+        """Updates the progress with one durable event (emitted here, or read from the log)."""
         if isinstance(event, PlanCreated):
             self._plan(event.round, event.source, event.converged, event.steps)
         elif isinstance(event, AssistantFinal):
@@ -60,28 +64,6 @@ class Progress:
         known = {s.reply_id for s in self.steps}
         self.steps.extend(s for s in steps if s.reply_id not in known)
 
-    def observe(self, event: epb.RunEvent) -> None:
-        """Updates the progress with one durable event."""
-        kind = event.WhichOneof("payload")
-        if kind == "plan_created":
-            plan = event.plan_created
-            self._plan(
-                plan.round,
-                plan_source_from_proto(plan.source),
-                plan.converged,
-                (plan_step_from_proto(s) for s in plan.steps),
-            )
-        elif kind == "assistant_final":
-            final = event.assistant_final
-            self.finished[final.reply_id] = final.content
-            self.usage[final.reply_id] = TokenUsage(
-                final.usage.input_tokens, final.usage.output_tokens
-            )
-        elif kind == "speaker_failed":
-            self.finished.setdefault(event.speaker_failed.reply_id, None)
-        elif kind == "memory_proposed":
-            self.memory_proposed = True
-
     @property
     def steps_left(self) -> list[PlanStep]:
         """Planned steps without a final or failure yet."""
@@ -91,19 +73,3 @@ class Progress:
     def finished_reply_ids(self) -> list[str]:
         """Replies that are final (failed speakers excluded), in step order."""
         return [s.reply_id for s in self.steps if self.finished.get(s.reply_id) is not None]
-
-    def plan_json(self) -> str:
-        """The plan as JSON, for the run registry."""
-        # Flat dicts by hand: dataclasses.asdict deep-copies every value, at a few times the cost.
-        return json.dumps(
-            [{name: getattr(s, name) for name in _STEP_FIELDS} for s in self.steps],
-            ensure_ascii=False,
-        )
-
-
-_STEP_FIELDS = tuple(f.name for f in fields(PlanStep))
-
-
-def steps_from_json(data: str) -> list[PlanStep]:
-    """Plan steps read back from the run registry."""
-    return [PlanStep(**item) for item in json.loads(data or "[]")]

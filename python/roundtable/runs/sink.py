@@ -12,36 +12,50 @@ message. A reply written within one window (a short or cached answer) streams no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
-from roundtable.api.convert import event_to_proto
-from roundtable.domain.events import AssistantDelta, AssistantFinal, Event, SpeakerFailed
+from roundtable.codec.events import kind_of, seal
+from roundtable.domain.events import AssistantDelta, AssistantFinal, Envelope, Event, SpeakerFailed
+from roundtable.runs.coordination import Coordination
 from roundtable.runs.live import LiveRun
 from roundtable.store.base import CancelMark, LeaseLost, RunStore, StoredEvent
-from roundtable.v1 import events_pb2 as epb
+
+
+class _Pending:
+    """Text of one reply (and attempt) waiting to go out as a delta."""
+
+    __slots__ = ("attempt", "parts", "size", "timer")
+
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+        self.parts: list[str] = []
+        self.size = 0
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class RunSink:
-    """Implements `graph.context.EventSink` for one live run."""
+    """Implements `graph.context.EventSink` for one live run.
+
+    Speakers of a parallel group emit at once: durable events are numbered and appended one
+    at a time (a lock keeps seq and the log in step), and each reply's text has a buffer of
+    its own.
+    """
 
     def __init__(
-        self, live: LiveRun, store: RunStore, *, first_seq: int = 0, owner: str | None = None
+        self, live: LiveRun, store: RunStore, coordination: Coordination, *, first_seq: int = 0
     ) -> None:
         self.live = live
         self.store = store
-        self.owner = owner
-        """The replica appending; a shared store refuses its appends once it is not the
-        run's owner any more (`RunStore.append_event`)."""
+        self.coordination = coordination
+        """Appends for this replica: the owner fence and what a cancel mid-append means
+        differ between one process and replicas (`Coordination.append`)."""
         self.seq = first_seq
         options = live.request.options
         self._window = options.delta_window_s
         self._max_bytes = options.delta_max_bytes
-        self._parts: list[str] = []
-        self._size = 0
-        self._reply = ""
-        self._attempt = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._pending: dict[str, _Pending] = {}
+        """reply_id -> its buffered text."""
+        self._in_order = asyncio.Lock()
         self._mark: CancelMark | None = None
         self._mark_fresh = False
 
@@ -54,79 +68,73 @@ class RunSink:
 
     async def emit(self, event: Event) -> None:
         """Numbers the event, commits it to the log, then hands it to the streams."""
-        if isinstance(event, AssistantFinal | SpeakerFailed) and event.reply_id == self._reply:
-            self.discard()
-        else:
+        async with self._in_order:
+            if isinstance(event, AssistantFinal | SpeakerFailed):
+                self.discard(event.reply_id)
             self.flush()
-        seq = self.seq + 1
-        proto = event_to_proto(self.live.record.run_id, seq, time.time(), event)
-        body = proto.SerializeToString()
-        kind = proto.WhichOneof("payload") or ""
-        record = self.live.record
-        append = self.store.append_event(
-            record.tenant, record.run_id, StoredEvent(seq, kind, body), owner=self.owner
-        )
-        if not self.store.shared:
-            # SQLite's append can only wait before it writes (a WAL checkpoint's last pass):
-            # a cancel there leaves nothing written, and the event unnumbered.
-            self._accepted(seq, event, proto, await append)
-            return
-        # Over the network a cancel can land after the row was committed: the statement
-        # is let finish, and an event it committed is numbered and streamed before the
-        # cancel goes on (else the run's last event would reuse its seq).
-        task = asyncio.ensure_future(append)
-        try:
-            mark = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # not committed: nothing to number
-                self._accepted(seq, event, proto, await task)
-            raise
-        except LeaseLost:
-            self.live.lease_lost = True  # the run is another replica's: write nothing more
-            raise
-        self._accepted(seq, event, proto, mark)
+            seq = self.seq + 1
+            record = self.live.record
+            envelope = seal(record.run_id, seq, time.time(), event)
+            stored = StoredEvent(seq, kind_of(event), envelope.wire)
+            try:
+                await self.coordination.append(
+                    self.store.append_event(
+                        record.tenant, record.run_id, stored, owner=self.coordination.owner
+                    ),
+                    lambda mark: self._accepted(envelope, mark),
+                )
+            except LeaseLost:
+                self.live.lease_lost = True  # the run is another replica's: write nothing more
+                raise
 
-    def _accepted(
-        self, seq: int, event: Event, proto: epb.RunEvent, mark: CancelMark | None
-    ) -> None:
+    def _accepted(self, envelope: Envelope, mark: CancelMark | None) -> None:
         """The event is in the log: it takes its seq, and the streams get it."""
         self._mark, self._mark_fresh = mark, True
-        self.seq = seq
-        self.live.record.last_seq = seq
-        self.live.progress.observe_emitted(event)
-        self.live.publish(proto, durable=True)
+        self.seq = envelope.seq
+        self.live.record.last_seq = envelope.seq
+        self.live.progress.observe(envelope.event)
+        self.live.publish(envelope)
 
     def delta(self, reply_id: str, text: str, attempt: int) -> None:
         """Buffers streamed text; sends it when the window passes or the buffer is full."""
-        if self._parts and (reply_id != self._reply or attempt != self._attempt):
-            self.flush()
-        self._reply, self._attempt = reply_id, attempt
-        self._parts.append(text)
-        self._size += len(text)
-        if self._size >= self._max_bytes:
-            self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._window, self.flush)
+        pending = self._pending.get(reply_id)
+        if pending is not None and pending.attempt != attempt:
+            self._send(reply_id)  # the abandoned attempt's text goes first, as written
+            pending = None
+        if pending is None:
+            pending = self._pending[reply_id] = _Pending(attempt)
+        pending.parts.append(text)
+        pending.size += len(text)
+        if pending.size >= self._max_bytes:
+            self._send(reply_id)
+        elif pending.timer is None:
+            loop = asyncio.get_running_loop()
+            pending.timer = loop.call_later(self._window, self._send, reply_id)
 
-    def discard(self) -> None:
-        """Drops the buffered text: its reply is final, and the final carries it."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._parts.clear()
-        self._size = 0
+    def discard(self, reply_id: str) -> None:
+        """Drops a reply's buffered text: the reply is final, and the final carries it."""
+        pending = self._pending.pop(reply_id, None)
+        if pending is not None and pending.timer is not None:
+            pending.timer.cancel()
 
     def flush(self) -> None:
-        """Sends the buffered text now (before any durable event, to keep order)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._parts:
+        """Sends all buffered text now (before any durable event, to keep order)."""
+        for reply_id in list(self._pending):
+            self._send(reply_id)
+
+    def _send(self, reply_id: str) -> None:
+        pending = self._pending.pop(reply_id, None)
+        if pending is None:
             return
-        text = "".join(self._parts)
-        self._parts.clear()
-        self._size = 0
-        event = AssistantDelta(reply_id=self._reply, text=text, attempt=self._attempt)
+        if pending.timer is not None:
+            pending.timer.cancel()
+        if not pending.parts:
+            return
+        event = AssistantDelta(
+            reply_id=reply_id, text="".join(pending.parts), attempt=pending.attempt
+        )
         self.live.publish(
-            event_to_proto(self.live.record.run_id, self.seq, time.time(), event), durable=False
+            Envelope(
+                run_id=self.live.record.run_id, seq=self.seq, emitted_at=time.time(), event=event
+            )
         )

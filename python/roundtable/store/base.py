@@ -45,6 +45,9 @@ _ENDED = frozenset(
 )
 
 RESUMABLE = frozenset({RunStatus.CANCELLED, RunStatus.INTERRUPTED})
+"""Runs that stopped before their end and resume on the same StartRun."""
+ACTIVE = frozenset({RunStatus.RUNNING, RunStatus.QUEUED})
+"""Runs that a process executes (or is about to)."""
 
 
 class LeaseLost(Exception):

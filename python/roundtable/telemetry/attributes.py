@@ -41,3 +41,14 @@ def run_correlation(run: RunContext, caller_node: str) -> dict[str, str]:
         tenant=run.tenant,
         caller_node=caller_node,
     )
+
+
+def rpc_correlation(
+    *, tenant: str, run_id: str, caller_node: str, thread_id: str = ""
+) -> dict[str, str]:
+    """What an RPC that names a run by id knows of its correlation (no request id; the
+    thread once the run is read)."""
+    attributes = {RUN_ID: run_id, TENANT: tenant, CALLER_NODE: caller_node}
+    if thread_id:
+        attributes |= {THREAD_ID: thread_id, CONVERSATION_ID: thread_id}
+    return attributes

@@ -702,7 +702,8 @@ type PlanCreated struct {
 	// "no longer in the session: m3"). Empty otherwise. Never contains model
 	// output verbatim.
 	FallbackReason string `protobuf:"bytes,3,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
-	// The speakers, in speaking order.
+	// The speakers, in plan order (the order their replies belong in). Steps
+	// with the same non-zero parallel_group speak at once.
 	Steps []*PlanStep `protobuf:"bytes,4,rep,name=steps,proto3" json:"steps,omitempty"`
 	// The round this plan is for, from 1.
 	Round uint32 `protobuf:"varint,5,opt,name=round,proto3" json:"round,omitempty"`
@@ -816,8 +817,20 @@ type PlanStep struct {
 	// For a count-off step, the number the speaker must say (from 1); 0 otherwise.
 	// The reply is checked to hold this number and no other.
 	CountOffNumber uint32 `protobuf:"varint,7,opt,name=count_off_number,json=countOffNumber,proto3" json:"count_off_number,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Steps of a plan with the same non-zero parallel_group are independent and
+	// start together, at most Budgets.max_parallel_speakers at once; groups run
+	// one after another, in plan order. 0 means the step runs alone, after every
+	// step before it (always so in a SPEAKER_CONCURRENCY_SEQUENTIAL session).
+	//
+	// Speakers of one group see the history up to the turn and the replies of
+	// the steps before their group, never each other's replies; a step that
+	// runs alone sees every earlier reply of the turn. Their events interleave
+	// on the stream (each carries its step and reply_id); each AssistantFinal
+	// is sent as soon as its speaker finishes, so the finals of a group may come
+	// in any order: order replies by step, as RunCompleted lists them.
+	ParallelGroup uint32 `protobuf:"varint,8,opt,name=parallel_group,json=parallelGroup,proto3" json:"parallel_group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlanStep) Reset() {
@@ -895,6 +908,13 @@ func (x *PlanStep) GetRound() uint32 {
 func (x *PlanStep) GetCountOffNumber() uint32 {
 	if x != nil {
 		return x.CountOffNumber
+	}
+	return 0
+}
+
+func (x *PlanStep) GetParallelGroup() uint32 {
+	if x != nil {
+		return x.ParallelGroup
 	}
 	return 0
 }
@@ -1867,7 +1887,7 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\x05steps\x18\x04 \x03(\v2\x17.roundtable.v1.PlanStepR\x05steps\x12\x14\n" +
 	"\x05round\x18\x05 \x01(\rR\x05round\x12(\n" +
 	"\x10continued_run_id\x18\x06 \x01(\tR\x0econtinuedRunId\x12\x1c\n" +
-	"\tconverged\x18\a \x01(\bR\tconverged\"\xcf\x01\n" +
+	"\tconverged\x18\a \x01(\bR\tconverged\"\xf6\x01\n" +
 	"\bPlanStep\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x19\n" +
@@ -1875,7 +1895,8 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\x04task\x18\x04 \x01(\tR\x04task\x12!\n" +
 	"\ftoken_budget\x18\x05 \x01(\rR\vtokenBudget\x12\x14\n" +
 	"\x05round\x18\x06 \x01(\rR\x05round\x12(\n" +
-	"\x10count_off_number\x18\a \x01(\rR\x0ecountOffNumber\"v\n" +
+	"\x10count_off_number\x18\a \x01(\rR\x0ecountOffNumber\x12%\n" +
+	"\x0eparallel_group\x18\b \x01(\rR\rparallelGroup\"v\n" +
 	"\x0eSpeakerStarted\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\rR\x04step\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x19\n" +

@@ -22,6 +22,71 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// SpeakerConcurrency says whether a round's independent speakers answer one
+// after another or at once.
+type SpeakerConcurrency int32
+
+const (
+	// Not set: SPEAKER_CONCURRENCY_SEQUENTIAL.
+	SpeakerConcurrency_SPEAKER_CONCURRENCY_UNSPECIFIED SpeakerConcurrency = 0
+	// One speaker at a time, in plan order; each sees the replies before it.
+	SpeakerConcurrency_SPEAKER_CONCURRENCY_SEQUENTIAL SpeakerConcurrency = 1
+	// The speakers of a count-off, an @all and an @mention of several members
+	// start together, and so do the steps of a supervisor plan it marks
+	// independent (PlanStep.parallel_group), at most
+	// Budgets.max_parallel_speakers at once. A turn then takes about one
+	// model call's time instead of one per speaker. Parallel speakers see the
+	// history up to the turn, not each other's replies. Every guarantee of the
+	// sequential path holds: each AssistantFinal is committed before it is sent
+	// (as soon as its speaker finishes: nothing finished waits for a slower
+	// one), a count-off's numbers and roster order are exact, a failed speaker
+	// fails alone, a graceful cancel lets the speakers already answering finish
+	// and starts no new one, an immediate cancel aborts them all, and a resume
+	// runs every unfinished step again and no finished one.
+	SpeakerConcurrency_SPEAKER_CONCURRENCY_PARALLEL SpeakerConcurrency = 2
+)
+
+// Enum value maps for SpeakerConcurrency.
+var (
+	SpeakerConcurrency_name = map[int32]string{
+		0: "SPEAKER_CONCURRENCY_UNSPECIFIED",
+		1: "SPEAKER_CONCURRENCY_SEQUENTIAL",
+		2: "SPEAKER_CONCURRENCY_PARALLEL",
+	}
+	SpeakerConcurrency_value = map[string]int32{
+		"SPEAKER_CONCURRENCY_UNSPECIFIED": 0,
+		"SPEAKER_CONCURRENCY_SEQUENTIAL":  1,
+		"SPEAKER_CONCURRENCY_PARALLEL":    2,
+	}
+)
+
+func (x SpeakerConcurrency) Enum() *SpeakerConcurrency {
+	p := new(SpeakerConcurrency)
+	*p = x
+	return p
+}
+
+func (x SpeakerConcurrency) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SpeakerConcurrency) Descriptor() protoreflect.EnumDescriptor {
+	return file_roundtable_v1_snapshot_proto_enumTypes[0].Descriptor()
+}
+
+func (SpeakerConcurrency) Type() protoreflect.EnumType {
+	return &file_roundtable_v1_snapshot_proto_enumTypes[0]
+}
+
+func (x SpeakerConcurrency) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SpeakerConcurrency.Descriptor instead.
+func (SpeakerConcurrency) EnumDescriptor() ([]byte, []int) {
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{0}
+}
+
 // SessionKind says how a turn is routed.
 type SessionKind int32
 
@@ -60,11 +125,11 @@ func (x SessionKind) String() string {
 }
 
 func (SessionKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_roundtable_v1_snapshot_proto_enumTypes[0].Descriptor()
+	return file_roundtable_v1_snapshot_proto_enumTypes[1].Descriptor()
 }
 
 func (SessionKind) Type() protoreflect.EnumType {
-	return &file_roundtable_v1_snapshot_proto_enumTypes[0]
+	return &file_roundtable_v1_snapshot_proto_enumTypes[1]
 }
 
 func (x SessionKind) Number() protoreflect.EnumNumber {
@@ -73,7 +138,7 @@ func (x SessionKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SessionKind.Descriptor instead.
 func (SessionKind) EnumDescriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{0}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{1}
 }
 
 // MessageRole says who wrote a history message.
@@ -113,11 +178,11 @@ func (x MessageRole) String() string {
 }
 
 func (MessageRole) Descriptor() protoreflect.EnumDescriptor {
-	return file_roundtable_v1_snapshot_proto_enumTypes[1].Descriptor()
+	return file_roundtable_v1_snapshot_proto_enumTypes[2].Descriptor()
 }
 
 func (MessageRole) Type() protoreflect.EnumType {
-	return &file_roundtable_v1_snapshot_proto_enumTypes[1]
+	return &file_roundtable_v1_snapshot_proto_enumTypes[2]
 }
 
 func (x MessageRole) Number() protoreflect.EnumNumber {
@@ -126,7 +191,7 @@ func (x MessageRole) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MessageRole.Descriptor instead.
 func (MessageRole) EnumDescriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{1}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{2}
 }
 
 // RunContext identifies one user turn and carries the correlation fields that
@@ -315,9 +380,12 @@ type Session struct {
 	DefaultModel *ModelRef `protobuf:"bytes,4,opt,name=default_model,json=defaultModel,proto3" json:"default_model,omitempty"`
 	// Limits on how much one turn may do. Optional: unset fields take the
 	// server's defaults.
-	Budgets       *Budgets `protobuf:"bytes,5,opt,name=budgets,proto3" json:"budgets,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Budgets *Budgets `protobuf:"bytes,5,opt,name=budgets,proto3" json:"budgets,omitempty"`
+	// How a round's independent speakers run. Optional: unset means
+	// SPEAKER_CONCURRENCY_SEQUENTIAL.
+	SpeakerConcurrency SpeakerConcurrency `protobuf:"varint,6,opt,name=speaker_concurrency,json=speakerConcurrency,proto3,enum=roundtable.v1.SpeakerConcurrency" json:"speaker_concurrency,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -385,6 +453,13 @@ func (x *Session) GetBudgets() *Budgets {
 	return nil
 }
 
+func (x *Session) GetSpeakerConcurrency() SpeakerConcurrency {
+	if x != nil {
+		return x.SpeakerConcurrency
+	}
+	return SpeakerConcurrency_SPEAKER_CONCURRENCY_UNSPECIFIED
+}
+
 // Budgets bound one turn. A zero field means "use the server default"; the
 // defaults are given per field.
 type Budgets struct {
@@ -400,8 +475,11 @@ type Budgets struct {
 	// Wall-clock limit for the whole run, in seconds (default 600, at most
 	// 3,600). A run past it fails with code RUN_DEADLINE_EXCEEDED.
 	RunTimeoutSeconds uint32 `protobuf:"varint,4,opt,name=run_timeout_seconds,json=runTimeoutSeconds,proto3" json:"run_timeout_seconds,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Speakers answering at once in a SPEAKER_CONCURRENCY_PARALLEL session
+	// (default 4, at most 16). Ignored in a sequential one.
+	MaxParallelSpeakers uint32 `protobuf:"varint,5,opt,name=max_parallel_speakers,json=maxParallelSpeakers,proto3" json:"max_parallel_speakers,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Budgets) Reset() {
@@ -458,6 +536,13 @@ func (x *Budgets) GetMaxOutputTokens() uint32 {
 func (x *Budgets) GetRunTimeoutSeconds() uint32 {
 	if x != nil {
 		return x.RunTimeoutSeconds
+	}
+	return 0
+}
+
+func (x *Budgets) GetMaxParallelSpeakers() uint32 {
+	if x != nil {
+		return x.MaxParallelSpeakers
 	}
 	return 0
 }
@@ -1045,20 +1130,22 @@ const file_roundtable_v1_snapshot_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\v2\x16.roundtable.v1.SessionR\asession\x12/\n" +
 	"\amembers\x18\x02 \x03(\v2\x15.roundtable.v1.MemberR\amembers\x127\n" +
 	"\ahistory\x18\x03 \x03(\v2\x1d.roundtable.v1.HistoryMessageR\ahistory\x124\n" +
-	"\tuser_turn\x18\x04 \x01(\v2\x17.roundtable.v1.UserTurnR\buserTurn\"\xf4\x01\n" +
+	"\tuser_turn\x18\x04 \x01(\v2\x17.roundtable.v1.UserTurnR\buserTurn\"\xc8\x02\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1a.roundtable.v1.SessionKindR\x04kind\x12*\n" +
 	"\x11primary_member_id\x18\x03 \x01(\tR\x0fprimaryMemberId\x12<\n" +
 	"\rdefault_model\x18\x04 \x01(\v2\x17.roundtable.v1.ModelRefR\fdefaultModel\x120\n" +
-	"\abudgets\x18\x05 \x01(\v2\x16.roundtable.v1.BudgetsR\abudgets\"\xa7\x01\n" +
+	"\abudgets\x18\x05 \x01(\v2\x16.roundtable.v1.BudgetsR\abudgets\x12R\n" +
+	"\x13speaker_concurrency\x18\x06 \x01(\x0e2!.roundtable.v1.SpeakerConcurrencyR\x12speakerConcurrency\"\xdb\x01\n" +
 	"\aBudgets\x12!\n" +
 	"\fmax_speakers\x18\x01 \x01(\rR\vmaxSpeakers\x12\x1d\n" +
 	"\n" +
 	"max_rounds\x18\x02 \x01(\rR\tmaxRounds\x12*\n" +
 	"\x11max_output_tokens\x18\x03 \x01(\rR\x0fmaxOutputTokens\x12.\n" +
-	"\x13run_timeout_seconds\x18\x04 \x01(\rR\x11runTimeoutSeconds\"\xce\x01\n" +
+	"\x13run_timeout_seconds\x18\x04 \x01(\rR\x11runTimeoutSeconds\x122\n" +
+	"\x15max_parallel_speakers\x18\x05 \x01(\rR\x13maxParallelSpeakers\"\xce\x01\n" +
 	"\bModelRef\x122\n" +
 	"\x06target\x18\x01 \x01(\v2\x1a.roundtable.v1.ModelTargetR\x06target\x128\n" +
 	"\tfallbacks\x18\x02 \x03(\v2\x1a.roundtable.v1.ModelTargetR\tfallbacks\x12%\n" +
@@ -1107,7 +1194,11 @@ const file_roundtable_v1_snapshot_proto_rawDesc = "" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1a\n" +
 	"\bmentions\x18\x03 \x03(\tR\bmentions\x12\x1f\n" +
 	"\vmention_all\x18\x04 \x01(\bR\n" +
-	"mentionAll*\\\n" +
+	"mentionAll*\x7f\n" +
+	"\x12SpeakerConcurrency\x12#\n" +
+	"\x1fSPEAKER_CONCURRENCY_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eSPEAKER_CONCURRENCY_SEQUENTIAL\x10\x01\x12 \n" +
+	"\x1cSPEAKER_CONCURRENCY_PARALLEL\x10\x02*\\\n" +
 	"\vSessionKind\x12\x1c\n" +
 	"\x18SESSION_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13SESSION_KIND_SINGLE\x10\x01\x12\x16\n" +
@@ -1129,45 +1220,47 @@ func file_roundtable_v1_snapshot_proto_rawDescGZIP() []byte {
 	return file_roundtable_v1_snapshot_proto_rawDescData
 }
 
-var file_roundtable_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_roundtable_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_roundtable_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_roundtable_v1_snapshot_proto_goTypes = []any{
-	(SessionKind)(0),              // 0: roundtable.v1.SessionKind
-	(MessageRole)(0),              // 1: roundtable.v1.MessageRole
-	(*RunContext)(nil),            // 2: roundtable.v1.RunContext
-	(*Snapshot)(nil),              // 3: roundtable.v1.Snapshot
-	(*Session)(nil),               // 4: roundtable.v1.Session
-	(*Budgets)(nil),               // 5: roundtable.v1.Budgets
-	(*ModelRef)(nil),              // 6: roundtable.v1.ModelRef
-	(*ModelTarget)(nil),           // 7: roundtable.v1.ModelTarget
-	(*Member)(nil),                // 8: roundtable.v1.Member
-	(*Skill)(nil),                 // 9: roundtable.v1.Skill
-	(*Memory)(nil),                // 10: roundtable.v1.Memory
-	(*HistoryMessage)(nil),        // 11: roundtable.v1.HistoryMessage
-	(*UserTurn)(nil),              // 12: roundtable.v1.UserTurn
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(SpeakerConcurrency)(0),       // 0: roundtable.v1.SpeakerConcurrency
+	(SessionKind)(0),              // 1: roundtable.v1.SessionKind
+	(MessageRole)(0),              // 2: roundtable.v1.MessageRole
+	(*RunContext)(nil),            // 3: roundtable.v1.RunContext
+	(*Snapshot)(nil),              // 4: roundtable.v1.Snapshot
+	(*Session)(nil),               // 5: roundtable.v1.Session
+	(*Budgets)(nil),               // 6: roundtable.v1.Budgets
+	(*ModelRef)(nil),              // 7: roundtable.v1.ModelRef
+	(*ModelTarget)(nil),           // 8: roundtable.v1.ModelTarget
+	(*Member)(nil),                // 9: roundtable.v1.Member
+	(*Skill)(nil),                 // 10: roundtable.v1.Skill
+	(*Memory)(nil),                // 11: roundtable.v1.Memory
+	(*HistoryMessage)(nil),        // 12: roundtable.v1.HistoryMessage
+	(*UserTurn)(nil),              // 13: roundtable.v1.UserTurn
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_roundtable_v1_snapshot_proto_depIdxs = []int32{
-	4,  // 0: roundtable.v1.Snapshot.session:type_name -> roundtable.v1.Session
-	8,  // 1: roundtable.v1.Snapshot.members:type_name -> roundtable.v1.Member
-	11, // 2: roundtable.v1.Snapshot.history:type_name -> roundtable.v1.HistoryMessage
-	12, // 3: roundtable.v1.Snapshot.user_turn:type_name -> roundtable.v1.UserTurn
-	0,  // 4: roundtable.v1.Session.kind:type_name -> roundtable.v1.SessionKind
-	6,  // 5: roundtable.v1.Session.default_model:type_name -> roundtable.v1.ModelRef
-	5,  // 6: roundtable.v1.Session.budgets:type_name -> roundtable.v1.Budgets
-	7,  // 7: roundtable.v1.ModelRef.target:type_name -> roundtable.v1.ModelTarget
-	7,  // 8: roundtable.v1.ModelRef.fallbacks:type_name -> roundtable.v1.ModelTarget
-	6,  // 9: roundtable.v1.Member.model:type_name -> roundtable.v1.ModelRef
-	9,  // 10: roundtable.v1.Member.skills:type_name -> roundtable.v1.Skill
-	10, // 11: roundtable.v1.Member.memories:type_name -> roundtable.v1.Memory
-	13, // 12: roundtable.v1.Memory.updated_at:type_name -> google.protobuf.Timestamp
-	1,  // 13: roundtable.v1.HistoryMessage.role:type_name -> roundtable.v1.MessageRole
-	13, // 14: roundtable.v1.HistoryMessage.created_at:type_name -> google.protobuf.Timestamp
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	5,  // 0: roundtable.v1.Snapshot.session:type_name -> roundtable.v1.Session
+	9,  // 1: roundtable.v1.Snapshot.members:type_name -> roundtable.v1.Member
+	12, // 2: roundtable.v1.Snapshot.history:type_name -> roundtable.v1.HistoryMessage
+	13, // 3: roundtable.v1.Snapshot.user_turn:type_name -> roundtable.v1.UserTurn
+	1,  // 4: roundtable.v1.Session.kind:type_name -> roundtable.v1.SessionKind
+	7,  // 5: roundtable.v1.Session.default_model:type_name -> roundtable.v1.ModelRef
+	6,  // 6: roundtable.v1.Session.budgets:type_name -> roundtable.v1.Budgets
+	0,  // 7: roundtable.v1.Session.speaker_concurrency:type_name -> roundtable.v1.SpeakerConcurrency
+	8,  // 8: roundtable.v1.ModelRef.target:type_name -> roundtable.v1.ModelTarget
+	8,  // 9: roundtable.v1.ModelRef.fallbacks:type_name -> roundtable.v1.ModelTarget
+	7,  // 10: roundtable.v1.Member.model:type_name -> roundtable.v1.ModelRef
+	10, // 11: roundtable.v1.Member.skills:type_name -> roundtable.v1.Skill
+	11, // 12: roundtable.v1.Member.memories:type_name -> roundtable.v1.Memory
+	14, // 13: roundtable.v1.Memory.updated_at:type_name -> google.protobuf.Timestamp
+	2,  // 14: roundtable.v1.HistoryMessage.role:type_name -> roundtable.v1.MessageRole
+	14, // 15: roundtable.v1.HistoryMessage.created_at:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_roundtable_v1_snapshot_proto_init() }
@@ -1181,7 +1274,7 @@ func file_roundtable_v1_snapshot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roundtable_v1_snapshot_proto_rawDesc), len(file_roundtable_v1_snapshot_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aroundtable/v1/events.proto\x12\rroundtable.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x05\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12.\n\nemitted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0brun_started\x18\n \x01(\x0b\x32\x19.roundtable.v1.RunStartedH\x00\x12\x32\n\x0cplan_created\x18\x0b \x01(\x0b\x32\x1a.roundtable.v1.PlanCreatedH\x00\x12\x38\n\x0fspeaker_started\x18\x0c \x01(\x0b\x32\x1d.roundtable.v1.SpeakerStartedH\x00\x12\x38\n\x0f\x61ssistant_delta\x18\r \x01(\x0b\x32\x1d.roundtable.v1.AssistantDeltaH\x00\x12\x38\n\x0f\x61ssistant_final\x18\x0e \x01(\x0b\x32\x1d.roundtable.v1.AssistantFinalH\x00\x12\x36\n\x0espeaker_failed\x18\x0f \x01(\x0b\x32\x1c.roundtable.v1.SpeakerFailedH\x00\x12\x38\n\x0fmemory_proposed\x18\x10 \x01(\x0b\x32\x1d.roundtable.v1.MemoryProposedH\x00\x12@\n\x13permission_required\x18\x11 \x01(\x0b\x32!.roundtable.v1.PermissionRequiredH\x00\x12\x34\n\rrun_cancelled\x18\x12 \x01(\x0b\x32\x1b.roundtable.v1.RunCancelledH\x00\x12\x34\n\rrun_completed\x18\x13 \x01(\x0b\x32\x1b.roundtable.v1.RunCompletedH\x00\x12.\n\nrun_failed\x18\x14 \x01(\x0b\x32\x18.roundtable.v1.RunFailedH\x00\x42\t\n\x07payload\"U\n\nRunStarted\x12#\n\x05route\x18\x01 \x01(\x0e\x32\x14.roundtable.v1.Route\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\x12\x11\n\tthread_id\x18\x03 \x01(\t\"\xe6\x01\n\x0bPlanCreated\x12/\n\tdirective\x18\x01 \x01(\x0e\x32\x1c.roundtable.v1.DirectiveKind\x12)\n\x06source\x18\x02 \x01(\x0e\x32\x19.roundtable.v1.PlanSource\x12\x17\n\x0f\x66\x61llback_reason\x18\x03 \x01(\t\x12&\n\x05steps\x18\x04 \x03(\x0b\x32\x17.roundtable.v1.PlanStep\x12\r\n\x05round\x18\x05 \x01(\r\x12\x18\n\x10\x63ontinued_run_id\x18\x06 \x01(\t\x12\x11\n\tconverged\x18\x07 \x01(\x08\"\x8b\x01\n\x08PlanStep\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x10\n\x08reply_id\x18\x03 \x01(\t\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x14\n\x0ctoken_budget\x18\x05 \x01(\r\x12\r\n\x05round\x18\x06 \x01(\r\x12\x18\n\x10\x63ount_off_number\x18\x07 \x01(\r\"T\n\x0eSpeakerStarted\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x10\n\x08reply_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"A\n\x0e\x41ssistantDelta\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\"9\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\"\xf2\x01\n\x0e\x41ssistantFinal\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12(\n\x05usage\x18\x06 \x01(\x0b\x32\x19.roundtable.v1.TokenUsage\x12\x32\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x1b.roundtable.v1.FinishReason\x12\x10\n\x08\x61ttempts\x18\x08 \x01(\r\x12\x1d\n\x15output_tokens_counted\x18\t \x01(\x08\"s\n\rSpeakerFailed\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\"\xc0\x01\n\x0eMemoryProposal\x12\x13\n\x0bproposal_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12+\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1b.roundtable.v1.MemoryAction\x12\x18\n\x10target_memory_id\x18\x04 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\x12\n\nimportance\x18\x06 \x01(\x02\x12\x1a\n\x12\x65vidence_reply_ids\x18\x07 \x03(\t\"B\n\x0eMemoryProposed\x12\x30\n\tproposals\x18\x01 \x03(\x0b\x32\x1d.roundtable.v1.MemoryProposal\"\x82\x01\n\x12PermissionRequired\x12\x1d\n\x15permission_request_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12*\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"g\n\x0cRunCancelled\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x1a\n\x12\x66inished_reply_ids\x18\x02 \x03(\t\x12+\n\nsteps_left\x18\x03 \x03(\x0b\x32\x17.roundtable.v1.PlanStep\"A\n\x0cReplySummary\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\"\x89\x01\n\x0cRunCompleted\x12,\n\x07replies\x18\x01 \x03(\x0b\x32\x1b.roundtable.v1.ReplySummary\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.roundtable.v1.TokenUsage\x12\x11\n\tconverged\x18\x03 \x01(\x08\x12\x0e\n\x06rounds\x18\x04 \x01(\r\"=\n\tRunFailed\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08*A\n\x05Route\x12\x15\n\x11ROUTE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROUTE_SINGLE\x10\x01\x12\x0f\n\x0bROUTE_GROUP\x10\x02*\xeb\x01\n\rDirectiveKind\x12\x1e\n\x1a\x44IRECTIVE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44IRECTIVE_KIND_SINGLE\x10\x01\x12\x17\n\x13\x44IRECTIVE_KIND_OPEN\x10\x02\x12\x1a\n\x16\x44IRECTIVE_KIND_MENTION\x10\x03\x12\x16\n\x12\x44IRECTIVE_KIND_ALL\x10\x04\x12\x1c\n\x18\x44IRECTIVE_KIND_COUNT_OFF\x10\x05\x12\x17\n\x13\x44IRECTIVE_KIND_STOP\x10\x06\x12\x1b\n\x17\x44IRECTIVE_KIND_CONTINUE\x10\x07*\x99\x01\n\nPlanSource\x12\x1b\n\x17PLAN_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19PLAN_SOURCE_DETERMINISTIC\x10\x01\x12\x1a\n\x16PLAN_SOURCE_SUPERVISOR\x10\x02\x12\x18\n\x14PLAN_SOURCE_FALLBACK\x10\x03\x12\x19\n\x15PLAN_SOURCE_CONTINUED\x10\x04*{\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1a\n\x16\x46INISH_REASON_REPLACED\x10\x03*{\n\x0cMemoryAction\x12\x1d\n\x19MEMORY_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMORY_ACTION_CREATE\x10\x01\x12\x18\n\x14MEMORY_ACTION_UPDATE\x10\x02\x12\x18\n\x14MEMORY_ACTION_FORGET\x10\x03\x42HZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aroundtable/v1/events.proto\x12\rroundtable.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x05\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12.\n\nemitted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0brun_started\x18\n \x01(\x0b\x32\x19.roundtable.v1.RunStartedH\x00\x12\x32\n\x0cplan_created\x18\x0b \x01(\x0b\x32\x1a.roundtable.v1.PlanCreatedH\x00\x12\x38\n\x0fspeaker_started\x18\x0c \x01(\x0b\x32\x1d.roundtable.v1.SpeakerStartedH\x00\x12\x38\n\x0f\x61ssistant_delta\x18\r \x01(\x0b\x32\x1d.roundtable.v1.AssistantDeltaH\x00\x12\x38\n\x0f\x61ssistant_final\x18\x0e \x01(\x0b\x32\x1d.roundtable.v1.AssistantFinalH\x00\x12\x36\n\x0espeaker_failed\x18\x0f \x01(\x0b\x32\x1c.roundtable.v1.SpeakerFailedH\x00\x12\x38\n\x0fmemory_proposed\x18\x10 \x01(\x0b\x32\x1d.roundtable.v1.MemoryProposedH\x00\x12@\n\x13permission_required\x18\x11 \x01(\x0b\x32!.roundtable.v1.PermissionRequiredH\x00\x12\x34\n\rrun_cancelled\x18\x12 \x01(\x0b\x32\x1b.roundtable.v1.RunCancelledH\x00\x12\x34\n\rrun_completed\x18\x13 \x01(\x0b\x32\x1b.roundtable.v1.RunCompletedH\x00\x12.\n\nrun_failed\x18\x14 \x01(\x0b\x32\x18.roundtable.v1.RunFailedH\x00\x42\t\n\x07payload\"U\n\nRunStarted\x12#\n\x05route\x18\x01 \x01(\x0e\x32\x14.roundtable.v1.Route\x12\x0f\n\x07resumed\x18\x02 \x01(\x08\x12\x11\n\tthread_id\x18\x03 \x01(\t\"\xe6\x01\n\x0bPlanCreated\x12/\n\tdirective\x18\x01 \x01(\x0e\x32\x1c.roundtable.v1.DirectiveKind\x12)\n\x06source\x18\x02 \x01(\x0e\x32\x19.roundtable.v1.PlanSource\x12\x17\n\x0f\x66\x61llback_reason\x18\x03 \x01(\t\x12&\n\x05steps\x18\x04 \x03(\x0b\x32\x17.roundtable.v1.PlanStep\x12\r\n\x05round\x18\x05 \x01(\r\x12\x18\n\x10\x63ontinued_run_id\x18\x06 \x01(\t\x12\x11\n\tconverged\x18\x07 \x01(\x08\"\xa3\x01\n\x08PlanStep\x12\r\n\x05index\x18\x01 \x01(\r\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x10\n\x08reply_id\x18\x03 \x01(\t\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x14\n\x0ctoken_budget\x18\x05 \x01(\r\x12\r\n\x05round\x18\x06 \x01(\r\x12\x18\n\x10\x63ount_off_number\x18\x07 \x01(\r\x12\x16\n\x0eparallel_group\x18\x08 \x01(\r\"T\n\x0eSpeakerStarted\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x10\n\x08reply_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"A\n\x0e\x41ssistantDelta\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\"9\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x04\x12\x15\n\routput_tokens\x18\x02 \x01(\x04\"\xf2\x01\n\x0e\x41ssistantFinal\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12(\n\x05usage\x18\x06 \x01(\x0b\x32\x19.roundtable.v1.TokenUsage\x12\x32\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x1b.roundtable.v1.FinishReason\x12\x10\n\x08\x61ttempts\x18\x08 \x01(\r\x12\x1d\n\x15output_tokens_counted\x18\t \x01(\x08\"s\n\rSpeakerFailed\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\"\xc0\x01\n\x0eMemoryProposal\x12\x13\n\x0bproposal_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12+\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1b.roundtable.v1.MemoryAction\x12\x18\n\x10target_memory_id\x18\x04 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\x12\n\nimportance\x18\x06 \x01(\x02\x12\x1a\n\x12\x65vidence_reply_ids\x18\x07 \x03(\t\"B\n\x0eMemoryProposed\x12\x30\n\tproposals\x18\x01 \x03(\x0b\x32\x1d.roundtable.v1.MemoryProposal\"\x82\x01\n\x12PermissionRequired\x12\x1d\n\x15permission_request_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12*\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"g\n\x0cRunCancelled\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x1a\n\x12\x66inished_reply_ids\x18\x02 \x03(\t\x12+\n\nsteps_left\x18\x03 \x03(\x0b\x32\x17.roundtable.v1.PlanStep\"A\n\x0cReplySummary\x12\x10\n\x08reply_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\"\x89\x01\n\x0cRunCompleted\x12,\n\x07replies\x18\x01 \x03(\x0b\x32\x1b.roundtable.v1.ReplySummary\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.roundtable.v1.TokenUsage\x12\x11\n\tconverged\x18\x03 \x01(\x08\x12\x0e\n\x06rounds\x18\x04 \x01(\r\"=\n\tRunFailed\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08*A\n\x05Route\x12\x15\n\x11ROUTE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROUTE_SINGLE\x10\x01\x12\x0f\n\x0bROUTE_GROUP\x10\x02*\xeb\x01\n\rDirectiveKind\x12\x1e\n\x1a\x44IRECTIVE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44IRECTIVE_KIND_SINGLE\x10\x01\x12\x17\n\x13\x44IRECTIVE_KIND_OPEN\x10\x02\x12\x1a\n\x16\x44IRECTIVE_KIND_MENTION\x10\x03\x12\x16\n\x12\x44IRECTIVE_KIND_ALL\x10\x04\x12\x1c\n\x18\x44IRECTIVE_KIND_COUNT_OFF\x10\x05\x12\x17\n\x13\x44IRECTIVE_KIND_STOP\x10\x06\x12\x1b\n\x17\x44IRECTIVE_KIND_CONTINUE\x10\x07*\x99\x01\n\nPlanSource\x12\x1b\n\x17PLAN_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19PLAN_SOURCE_DETERMINISTIC\x10\x01\x12\x1a\n\x16PLAN_SOURCE_SUPERVISOR\x10\x02\x12\x18\n\x14PLAN_SOURCE_FALLBACK\x10\x03\x12\x19\n\x15PLAN_SOURCE_CONTINUED\x10\x04*{\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1a\n\x16\x46INISH_REASON_REPLACED\x10\x03*{\n\x0cMemoryAction\x12\x1d\n\x19MEMORY_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMORY_ACTION_CREATE\x10\x01\x12\x18\n\x14MEMORY_ACTION_UPDATE\x10\x02\x12\x18\n\x14MEMORY_ACTION_FORGET\x10\x03\x42HZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,16 +34,16 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'roundtable.v1.events_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1'
-  _globals['_ROUTE']._serialized_start=2628
-  _globals['_ROUTE']._serialized_end=2693
-  _globals['_DIRECTIVEKIND']._serialized_start=2696
-  _globals['_DIRECTIVEKIND']._serialized_end=2931
-  _globals['_PLANSOURCE']._serialized_start=2934
-  _globals['_PLANSOURCE']._serialized_end=3087
-  _globals['_FINISHREASON']._serialized_start=3089
-  _globals['_FINISHREASON']._serialized_end=3212
-  _globals['_MEMORYACTION']._serialized_start=3214
-  _globals['_MEMORYACTION']._serialized_end=3337
+  _globals['_ROUTE']._serialized_start=2652
+  _globals['_ROUTE']._serialized_end=2717
+  _globals['_DIRECTIVEKIND']._serialized_start=2720
+  _globals['_DIRECTIVEKIND']._serialized_end=2955
+  _globals['_PLANSOURCE']._serialized_start=2958
+  _globals['_PLANSOURCE']._serialized_end=3111
+  _globals['_FINISHREASON']._serialized_start=3113
+  _globals['_FINISHREASON']._serialized_end=3236
+  _globals['_MEMORYACTION']._serialized_start=3238
+  _globals['_MEMORYACTION']._serialized_end=3361
   _globals['_RUNEVENT']._serialized_start=109
   _globals['_RUNEVENT']._serialized_end=819
   _globals['_RUNSTARTED']._serialized_start=821
@@ -51,29 +51,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLANCREATED']._serialized_start=909
   _globals['_PLANCREATED']._serialized_end=1139
   _globals['_PLANSTEP']._serialized_start=1142
-  _globals['_PLANSTEP']._serialized_end=1281
-  _globals['_SPEAKERSTARTED']._serialized_start=1283
-  _globals['_SPEAKERSTARTED']._serialized_end=1367
-  _globals['_ASSISTANTDELTA']._serialized_start=1369
-  _globals['_ASSISTANTDELTA']._serialized_end=1434
-  _globals['_TOKENUSAGE']._serialized_start=1436
-  _globals['_TOKENUSAGE']._serialized_end=1493
-  _globals['_ASSISTANTFINAL']._serialized_start=1496
-  _globals['_ASSISTANTFINAL']._serialized_end=1738
-  _globals['_SPEAKERFAILED']._serialized_start=1740
-  _globals['_SPEAKERFAILED']._serialized_end=1855
-  _globals['_MEMORYPROPOSAL']._serialized_start=1858
-  _globals['_MEMORYPROPOSAL']._serialized_end=2050
-  _globals['_MEMORYPROPOSED']._serialized_start=2052
-  _globals['_MEMORYPROPOSED']._serialized_end=2118
-  _globals['_PERMISSIONREQUIRED']._serialized_start=2121
-  _globals['_PERMISSIONREQUIRED']._serialized_end=2251
-  _globals['_RUNCANCELLED']._serialized_start=2253
-  _globals['_RUNCANCELLED']._serialized_end=2356
-  _globals['_REPLYSUMMARY']._serialized_start=2358
-  _globals['_REPLYSUMMARY']._serialized_end=2423
-  _globals['_RUNCOMPLETED']._serialized_start=2426
-  _globals['_RUNCOMPLETED']._serialized_end=2563
-  _globals['_RUNFAILED']._serialized_start=2565
-  _globals['_RUNFAILED']._serialized_end=2626
+  _globals['_PLANSTEP']._serialized_end=1305
+  _globals['_SPEAKERSTARTED']._serialized_start=1307
+  _globals['_SPEAKERSTARTED']._serialized_end=1391
+  _globals['_ASSISTANTDELTA']._serialized_start=1393
+  _globals['_ASSISTANTDELTA']._serialized_end=1458
+  _globals['_TOKENUSAGE']._serialized_start=1460
+  _globals['_TOKENUSAGE']._serialized_end=1517
+  _globals['_ASSISTANTFINAL']._serialized_start=1520
+  _globals['_ASSISTANTFINAL']._serialized_end=1762
+  _globals['_SPEAKERFAILED']._serialized_start=1764
+  _globals['_SPEAKERFAILED']._serialized_end=1879
+  _globals['_MEMORYPROPOSAL']._serialized_start=1882
+  _globals['_MEMORYPROPOSAL']._serialized_end=2074
+  _globals['_MEMORYPROPOSED']._serialized_start=2076
+  _globals['_MEMORYPROPOSED']._serialized_end=2142
+  _globals['_PERMISSIONREQUIRED']._serialized_start=2145
+  _globals['_PERMISSIONREQUIRED']._serialized_end=2275
+  _globals['_RUNCANCELLED']._serialized_start=2277
+  _globals['_RUNCANCELLED']._serialized_end=2380
+  _globals['_REPLYSUMMARY']._serialized_start=2382
+  _globals['_REPLYSUMMARY']._serialized_end=2447
+  _globals['_RUNCOMPLETED']._serialized_start=2450
+  _globals['_RUNCOMPLETED']._serialized_end=2587
+  _globals['_RUNFAILED']._serialized_start=2589
+  _globals['_RUNFAILED']._serialized_end=2650
 # @@protoc_insertion_point(module_scope)

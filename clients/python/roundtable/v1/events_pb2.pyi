@@ -135,7 +135,7 @@ class PlanCreated(_message.Message):
     def __init__(self, directive: _Optional[_Union[DirectiveKind, str]] = ..., source: _Optional[_Union[PlanSource, str]] = ..., fallback_reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[PlanStep, _Mapping]]] = ..., round: _Optional[int] = ..., continued_run_id: _Optional[str] = ..., converged: _Optional[bool] = ...) -> None: ...
 
 class PlanStep(_message.Message):
-    __slots__ = ("index", "member_id", "reply_id", "task", "token_budget", "round", "count_off_number")
+    __slots__ = ("index", "member_id", "reply_id", "task", "token_budget", "round", "count_off_number", "parallel_group")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     REPLY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class PlanStep(_message.Message):
     TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     COUNT_OFF_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_GROUP_FIELD_NUMBER: _ClassVar[int]
     index: int
     member_id: str
     reply_id: str
@@ -150,7 +151,8 @@ class PlanStep(_message.Message):
     token_budget: int
     round: int
     count_off_number: int
-    def __init__(self, index: _Optional[int] = ..., member_id: _Optional[str] = ..., reply_id: _Optional[str] = ..., task: _Optional[str] = ..., token_budget: _Optional[int] = ..., round: _Optional[int] = ..., count_off_number: _Optional[int] = ...) -> None: ...
+    parallel_group: int
+    def __init__(self, index: _Optional[int] = ..., member_id: _Optional[str] = ..., reply_id: _Optional[str] = ..., task: _Optional[str] = ..., token_budget: _Optional[int] = ..., round: _Optional[int] = ..., count_off_number: _Optional[int] = ..., parallel_group: _Optional[int] = ...) -> None: ...
 
 class SpeakerStarted(_message.Message):
     __slots__ = ("step", "member_id", "reply_id", "attempt")

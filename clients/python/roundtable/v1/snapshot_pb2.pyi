@@ -10,6 +10,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SpeakerConcurrency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPEAKER_CONCURRENCY_UNSPECIFIED: _ClassVar[SpeakerConcurrency]
+    SPEAKER_CONCURRENCY_SEQUENTIAL: _ClassVar[SpeakerConcurrency]
+    SPEAKER_CONCURRENCY_PARALLEL: _ClassVar[SpeakerConcurrency]
+
 class SessionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SESSION_KIND_UNSPECIFIED: _ClassVar[SessionKind]
@@ -21,6 +27,9 @@ class MessageRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE_ROLE_UNSPECIFIED: _ClassVar[MessageRole]
     MESSAGE_ROLE_USER: _ClassVar[MessageRole]
     MESSAGE_ROLE_ASSISTANT: _ClassVar[MessageRole]
+SPEAKER_CONCURRENCY_UNSPECIFIED: SpeakerConcurrency
+SPEAKER_CONCURRENCY_SEQUENTIAL: SpeakerConcurrency
+SPEAKER_CONCURRENCY_PARALLEL: SpeakerConcurrency
 SESSION_KIND_UNSPECIFIED: SessionKind
 SESSION_KIND_SINGLE: SessionKind
 SESSION_KIND_GROUP: SessionKind
@@ -53,30 +62,34 @@ class Snapshot(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[HistoryMessage, _Mapping]]] = ..., user_turn: _Optional[_Union[UserTurn, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "kind", "primary_member_id", "default_model", "budgets")
+    __slots__ = ("session_id", "kind", "primary_member_id", "default_model", "budgets", "speaker_concurrency")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     kind: SessionKind
     primary_member_id: str
     default_model: ModelRef
     budgets: Budgets
-    def __init__(self, session_id: _Optional[str] = ..., kind: _Optional[_Union[SessionKind, str]] = ..., primary_member_id: _Optional[str] = ..., default_model: _Optional[_Union[ModelRef, _Mapping]] = ..., budgets: _Optional[_Union[Budgets, _Mapping]] = ...) -> None: ...
+    speaker_concurrency: SpeakerConcurrency
+    def __init__(self, session_id: _Optional[str] = ..., kind: _Optional[_Union[SessionKind, str]] = ..., primary_member_id: _Optional[str] = ..., default_model: _Optional[_Union[ModelRef, _Mapping]] = ..., budgets: _Optional[_Union[Budgets, _Mapping]] = ..., speaker_concurrency: _Optional[_Union[SpeakerConcurrency, str]] = ...) -> None: ...
 
 class Budgets(_message.Message):
-    __slots__ = ("max_speakers", "max_rounds", "max_output_tokens", "run_timeout_seconds")
+    __slots__ = ("max_speakers", "max_rounds", "max_output_tokens", "run_timeout_seconds", "max_parallel_speakers")
     MAX_SPEAKERS_FIELD_NUMBER: _ClassVar[int]
     MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUN_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PARALLEL_SPEAKERS_FIELD_NUMBER: _ClassVar[int]
     max_speakers: int
     max_rounds: int
     max_output_tokens: int
     run_timeout_seconds: int
-    def __init__(self, max_speakers: _Optional[int] = ..., max_rounds: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., run_timeout_seconds: _Optional[int] = ...) -> None: ...
+    max_parallel_speakers: int
+    def __init__(self, max_speakers: _Optional[int] = ..., max_rounds: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., run_timeout_seconds: _Optional[int] = ..., max_parallel_speakers: _Optional[int] = ...) -> None: ...
 
 class ModelRef(_message.Message):
     __slots__ = ("target", "fallbacks", "temperature", "timeout_ms")

@@ -12,6 +12,7 @@ from langgraph.runtime import Runtime
 from roundtable.domain.events import PlanCreated
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
 from roundtable.domain.snapshot import SessionKind
+from roundtable.graph.concurrency import all_at_once
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import count_off_task
 from roundtable.graph.state import ConversationState, step_to_dict
@@ -93,6 +94,9 @@ async def deterministic_router(
         # An earlier execution announced this plan; the log has it. Never plan twice.
         return {"steps": [step_to_dict(s) for s in ctx.prior.steps], "round": 1, "converged": True}
     steps, reason = deterministic_steps(ctx)
+    if ctx.directive.kind is not DirectiveKind.CONTINUE:
+        # A continued plan keeps the groups its steps had.
+        steps = all_at_once(steps, ctx.request.snapshot.session)
     continued = ctx.directive.kind is DirectiveKind.CONTINUE and ctx.continuation is not None
     await ctx.sink.emit(
         PlanCreated(

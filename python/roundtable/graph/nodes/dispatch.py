@@ -1,10 +1,12 @@
-"""dispatch: the plan's open speakers, one after another, through the member pipeline.
+"""dispatch: the plan's open speakers through the member pipeline, in plan order: one
+after another, or a parallel group's speakers at once (`graph.concurrency`).
 
 Speaker boundaries are durability boundaries: a speaker's final is committed to the event
-log before anyone hears of it, and a graceful stop is checked here, between speakers
+log before anyone hears of it, and a graceful stop is checked here, before a speaker starts
 (after yielding to the event loop so a stop request that just arrived is seen), so it
-never cuts a reply in half. Finished speakers (known from the log) are skipped: resume
-is a set difference.
+never cuts a reply in half: the speakers of a group already answering finish, and no new
+one starts. Finished speakers (known from the log) are skipped: resume is a set
+difference. An immediate stop cancels the run's task, and with it every speaker of a group.
 
 The whole round runs in one super-step. The speaker, not the super-step, is the unit of
 resume (the event log holds every finished reply), so a super-step per speaker would only
@@ -18,8 +20,10 @@ import asyncio
 
 from langgraph.runtime import Runtime
 
+from roundtable.domain.plan import PlanStep
+from roundtable.graph.concurrency import batches
 from roundtable.graph.context import Drained, GraphContext
-from roundtable.graph.member import speak
+from roundtable.graph.member import SpeakerOutcome, speak
 from roundtable.graph.state import ConversationState, ReplyDict, step_from_dict
 
 
@@ -51,25 +55,65 @@ def _logged_replies(state: ConversationState, ctx: GraphContext) -> list[ReplyDi
 async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> ConversationState:
     """Runs every planned speaker that has not spoken yet, in plan order."""
     ctx = runtime.context
-    steps = state.get("steps", [])
     replies = _logged_replies(state, ctx)
     done = {r["reply_id"] for r in replies}
     logged = ctx.prior.usage_of(r["reply_id"] for r in replies[len(state.get("replies", [])) :])
     input_tokens = state.get("input_tokens", 0) + logged.input_tokens
     output_tokens = state.get("output_tokens", 0) + logged.output_tokens
-    for step in steps:
-        if step["reply_id"] in done:
-            continue
-        await asyncio.sleep(0)
-        await ctx.stop.refresh()
-        if ctx.stop.requested:
-            raise Drained(ctx.stop.reason)
-        outcome = await speak(ctx, step_from_dict(step), replies)
-        replies.append(outcome.reply)
-        input_tokens += outcome.usage.input_tokens
-        output_tokens += outcome.usage.output_tokens
+    open_steps = [step_from_dict(s) for s in state.get("steps", []) if s["reply_id"] not in done]
+    limit = ctx.request.snapshot.session.budgets.max_parallel_speakers
+    for batch in batches(open_steps):
+        await _boundary(ctx)
+        if len(batch) == 1:
+            outcomes: list[SpeakerOutcome | None] = [await speak(ctx, batch[0], replies)]
+        else:
+            outcomes = await _together(ctx, batch, list(replies), limit)
+        for outcome in outcomes:
+            if outcome is not None:
+                replies.append(outcome.reply)
+                input_tokens += outcome.usage.input_tokens
+                output_tokens += outcome.usage.output_tokens
+        if None in outcomes:
+            raise Drained(ctx.stop.reason)  # a stop came mid-group: its rest never started
     return {
         "replies": replies,
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
     }
+
+
+async def _boundary(ctx: GraphContext) -> None:
+    """A speaker boundary: ends the run here when a graceful stop was asked for."""
+    await asyncio.sleep(0)
+    await ctx.stop.refresh()
+    if ctx.stop.requested:
+        raise Drained(ctx.stop.reason)
+
+
+async def _together(
+    ctx: GraphContext, batch: list[PlanStep], seen: list[ReplyDict], limit: int
+) -> list[SpeakerOutcome | None]:
+    """Runs a parallel group, at most `limit` speakers at once; each sees `seen` (the
+    replies before the group), not the others'. Each final is committed and streamed as
+    its speaker finishes. A speaker still waiting for a place when a graceful stop comes
+    never starts (None in its place); the outcomes are in plan order."""
+    places = asyncio.Semaphore(limit)
+
+    async def one(position: int, step: PlanStep) -> SpeakerOutcome | None:
+        async with places:
+            if position >= limit:  # it waited for a place: that is a speaker boundary
+                await ctx.stop.refresh()
+                if ctx.stop.requested:
+                    return None
+            return await speak(ctx, step, seen)
+
+    tasks = [asyncio.ensure_future(one(i, step)) for i, step in enumerate(batch)]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        # One speaker's unexpected error (or the store refusing an append) ends the group:
+        # the others stop at once, as the run does.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

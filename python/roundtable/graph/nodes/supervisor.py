@@ -15,14 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from roundtable.domain import prompt_sections
 from roundtable.domain.errors import InvalidModelOutput, ModelError
-from roundtable.domain.events import PlanCreated
+from roundtable.domain.events import PlanCreated, TokenUsage
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
 from roundtable.domain.snapshot import Snapshot
+from roundtable.graph.concurrency import by_marker
 from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.directives import mentioned_members
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import supervisor_messages
-from roundtable.graph.state import ConversationState, step_to_dict
+from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict
 from roundtable.harness.request import ModelRequest
 from roundtable.models.base import ChatCall
 
@@ -36,6 +37,11 @@ class SupervisorStep(BaseModel):
     task: str = Field(min_length=1, max_length=2000, description="What this member should do.")
     token_budget: int | None = Field(
         default=None, ge=1, description="Output tokens this speaker may use."
+    )
+    builds_on_previous: bool = Field(
+        default=False,
+        description="True when this speaker should react to the replies before it in this "
+        "round (it then waits for them); false when it can answer independently.",
     )
 
 
@@ -85,17 +91,8 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
     steps_so_far = state.get("steps", [])
     round_no = state.get("round", 0) + 1
     speakers_left = max(0, budgets.max_speakers - len(steps_so_far))
-    replies = state.get("replies", [])
     if steps_so_far:
-        # Between rounds is a speaker boundary too: a stop asked for during the round ends
-        # the run here, before the supervisor is asked for the next one (a resume asks it).
-        # Checked in this node, not in the convergence decision before it, so that the
-        # round's replies and usage are in the checkpoint the stop leaves. As in dispatch,
-        # after yielding to the event loop, so that a stop that just arrived is seen.
-        await asyncio.sleep(0)
-        await ctx.stop.refresh()
-        if ctx.stop.requested:
-            raise Drained(ctx.stop.reason)
+        await _stop_between_rounds(ctx)
     already = ctx.prior.planned(round_no)
     if already:
         # This round's plan is in the log from an earlier execution: no second model call,
@@ -107,10 +104,75 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
             "converged": converged,
             "source": source.value,
         }
+    plan, reason, usage = await _ask(ctx, state.get("replies", []), speakers_left, round_no)
+    if plan is not None and not reason:
+        source = PlanSource.SUPERVISOR
+        chosen = [
+            (s.member_id, s.task, s.token_budget or budgets.max_output_tokens) for s in plan.steps
+        ]
+        builds_on = [s.builds_on_previous for s in plan.steps]
+        converged = plan.converged
+    else:
+        source = PlanSource.FALLBACK
+        task = "Answer the user's latest message."
+        members = fallback_members(snapshot)[: max(1, speakers_left)]
+        chosen = [(m, task, budgets.max_output_tokens) for m in members]
+        builds_on = [False] * len(chosen)  # the fallback's speakers are independent
+        converged = True
+    start, run_id = len(steps_so_far), ctx.request.context.run_id
+    steps = [
+        PlanStep(
+            index=start + i,
+            member_id=member_id,
+            reply_id=reply_id_for(run_id, start + i),
+            task=task,
+            token_budget=tokens,
+            round=round_no,
+        )
+        for i, (member_id, task, tokens) in enumerate(chosen)
+    ]
+    steps = by_marker(steps, builds_on, snapshot.session)
+    await ctx.sink.emit(
+        PlanCreated(
+            directive=DirectiveKind.OPEN,
+            source=source,
+            steps=tuple(steps),
+            round=round_no,
+            fallback_reason=reason,
+            converged=converged,
+        )
+    )
+    return {
+        "steps": [*steps_so_far, *(step_to_dict(s) for s in steps)],
+        "round": round_no,
+        "converged": converged,
+        "source": source.value,
+        "input_tokens": state.get("input_tokens", 0) + usage.input_tokens,
+        "output_tokens": state.get("output_tokens", 0) + usage.output_tokens,
+    }
+
+
+async def _stop_between_rounds(ctx: GraphContext) -> None:
+    """Between rounds is a speaker boundary too: a stop asked for during the round ends the
+    run here, before the supervisor is asked for the next one (a resume asks it).
+
+    Checked in this node, not in the convergence decision before it, so that the round's
+    replies and usage are in the checkpoint the stop leaves. As in dispatch, after yielding
+    to the event loop, so that a stop that just arrived is seen.
+    """
+    await asyncio.sleep(0)
+    await ctx.stop.refresh()
+    if ctx.stop.requested:
+        raise Drained(ctx.stop.reason)
+
+
+async def _ask(
+    ctx: GraphContext, replies: list[ReplyDict], speakers_left: int, round_no: int
+) -> tuple[SupervisorPlan | None, str, TokenUsage]:
+    """The supervisor model's plan for the round, why it cannot be used ("" when it can),
+    and the tokens the call took."""
+    snapshot = ctx.request.snapshot
     ref = snapshot.session.default_model
-    reason = ""
-    plan: SupervisorPlan | None = None
-    usage_in = usage_out = 0
     try:
         result = await ctx.harness.call(
             ModelRequest(
@@ -127,60 +189,13 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
                 credentials=ctx.credentials,
             )
         )
-        usage_in, usage_out = result.usage.input_tokens, result.usage.output_tokens
-        assert isinstance(result.parsed, SupervisorPlan)
-        plan = result.parsed
-        reason = check_plan(plan, snapshot, speakers_left=speakers_left)
     except InvalidModelOutput as exc:
         # What did not parse (the form, the fields), never the model's text: a model that
         # answers but not in shape is the one failure the model's operator can act on.
-        reason = (
-            f"supervisor_{exc.code.lower()}: {exc.detail}"
-            if exc.detail
-            else "supervisor_invalid_output"
-        )
+        detail = f"supervisor_{exc.code.lower()}: {exc.detail}" if exc.detail else ""
+        return None, detail or "supervisor_invalid_output", TokenUsage()
     except ModelError as exc:
-        reason = f"supervisor_{exc.code.lower()}"
-    start = len(steps_so_far)
-    run_id = ctx.request.context.run_id
-    if plan is not None and not reason:
-        source = PlanSource.SUPERVISOR
-        chosen = [
-            (s.member_id, s.task, s.token_budget or budgets.max_output_tokens) for s in plan.steps
-        ]
-        converged = plan.converged
-    else:
-        source = PlanSource.FALLBACK
-        task = "Answer the user's latest message."
-        members = fallback_members(snapshot)[: max(1, speakers_left)]
-        chosen = [(m, task, budgets.max_output_tokens) for m in members]
-        converged = True
-    steps = [
-        PlanStep(
-            index=start + i,
-            member_id=member_id,
-            reply_id=reply_id_for(run_id, start + i),
-            task=task,
-            token_budget=tokens,
-            round=round_no,
-        )
-        for i, (member_id, task, tokens) in enumerate(chosen)
-    ]
-    await ctx.sink.emit(
-        PlanCreated(
-            directive=DirectiveKind.OPEN,
-            source=source,
-            steps=tuple(steps),
-            round=round_no,
-            fallback_reason=reason,
-            converged=converged,
-        )
-    )
-    return {
-        "steps": [*steps_so_far, *(step_to_dict(s) for s in steps)],
-        "round": round_no,
-        "converged": converged,
-        "source": source.value,
-        "input_tokens": state.get("input_tokens", 0) + usage_in,
-        "output_tokens": state.get("output_tokens", 0) + usage_out,
-    }
+        return None, f"supervisor_{exc.code.lower()}", TokenUsage()
+    usage = TokenUsage(result.usage.input_tokens, result.usage.output_tokens)
+    assert isinstance(result.parsed, SupervisorPlan)
+    return result.parsed, check_plan(result.parsed, snapshot, speakers_left=speakers_left), usage

@@ -1,0 +1,131 @@
+"""What the offline model says: deterministic answers read from Roundtable's own prompt
+sections (`domain.prompt_sections`). `models.offline` wraps them in a LangChain chat model
+(streaming, usage, faults and latency)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from roundtable.domain import prompt_sections as sections
+
+# The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
+# question about "number 7" that a supervisor puts in a task is no count-off.
+_NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.")
+# "remember that X" keeps X; "I prefer X" keeps the whole statement (the verb is the fact).
+_EXPLICIT_MEMORY = re.compile(
+    r"(?:(?:please remember|remember that|remember:|记住)[:：,，]?\s*([^.!?。！？\n]+))"
+    r"|((?:I prefer|我喜欢|我更喜欢)\s*[^.!?。！？\n]+)",
+    re.IGNORECASE,
+)
+
+
+_OPENERS = ("Well,", "Honestly,", "Here is my take", "Let me add this", "If you ask me,")
+_STANCES = (
+    "I would start small and see what holds up.",
+    "I'd first ask what could go wrong, then decide.",
+    "there is a simple answer hiding in there; let's find it together.",
+    "the facts matter most, so let's gather them first.",
+    "every good plan starts with a good story, and this one has promise.",
+    "patience will serve us better than haste here.",
+)
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Splits a prompt into its `## Heading` sections."""
+    out: dict[str, str] = {}
+    current = ""
+    # "\n" only: splitlines() also splits at U+2028, U+0085 and friends, which JSON
+    # sections carry unescaped (json.dumps with ensure_ascii=False) inside a user's text.
+    for line in text.split("\n"):
+        if line.startswith("## "):
+            current = line.strip()
+            out[current] = ""
+        elif current:
+            out[current] += line + "\n"
+    return {k: v.strip() for k, v in out.items()}
+
+
+def _mentions(text: str, word: str) -> bool:
+    """Whether `word` occurs in `text` (whole words for Latin script, substrings for CJK)."""
+    word = word.lower().strip()
+    if not word:
+        return False
+    if word.isascii():
+        return re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", text) is not None
+    return word in text
+
+
+def _seed(*parts: str) -> int:
+    return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=4).digest(), "big")
+
+
+def reply(system: str, last_user: str) -> str:
+    """A member's answer: its count-off number, or a line in its persona's voice."""
+    task = _sections(last_user).get(sections.TASK, "") or last_user.strip()
+    number = _NUMBER_TASK.search(task)
+    if number:
+        return f"{number.group(1)}!"
+    secs = _sections(system)
+    name_match = re.match(r"You are (.+?)\.", system)
+    name = name_match.group(1) if name_match else "Assistant"
+    persona = secs.get(sections.PERSONA, "")
+    voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
+    topic = last_user.split(sections.TASK)[0].strip().splitlines()
+    subject = re.sub(r"@\S+\s*", "", topic[0] if topic else task).strip()[:80] or task[:80]
+    seed = _seed(name, subject)
+    reply = f"{_OPENERS[seed % len(_OPENERS)]} about \u201c{subject}\u201d: "
+    reply += _STANCES[(seed // 7) % len(_STANCES)]
+    if voice:
+        reply += f" ({voice})"
+    memories = secs.get(sections.MEMORIES, "")
+    if memories:
+        reply += f" I remember: {memories.splitlines()[0].lstrip('- ')[:80]}"
+    return reply
+
+
+def tool_args(name: str, system: str, last_user: str, *, bad: bool) -> dict[str, Any]:
+    """The arguments of a structured answer: a supervisor plan or memory proposals."""
+    secs = _sections(system)
+    if name == sections.SUPERVISOR_PLAN_TOOL:
+        roster: list[dict[str, Any]] = json.loads(secs.get(sections.ROSTER, "[]") or "[]")
+        return _plan(roster, last_user, bad=bad)
+    if name == sections.MEMORY_PROPOSALS_TOOL:
+        turn: dict[str, Any] = json.loads(secs.get(sections.TURN, "{}") or "{}")
+        return _memories(turn)
+    return {}
+
+
+def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool) -> dict[str, Any]:
+    if bad:
+        return {"steps": [{"member_id": "no-such-member", "task": "speak"}], "converged": True}
+    lowered = text.lower()
+    chosen = [
+        m
+        for m in roster
+        if any(_mentions(lowered, w) for w in [m.get("display_name", ""), *m.get("skills", [])])
+    ] or roster[:2]
+    topic = re.sub(r"\s+", " ", text).strip()[:200]
+    steps = [{"member_id": m["member_id"], "task": f"Give your view on: {topic}"} for m in chosen]
+    return {"steps": steps, "converged": True}
+
+
+def _memories(turn: dict[str, Any]) -> dict[str, Any]:
+    text = str(turn.get("user_text", ""))
+    replies: list[dict[str, str]] = turn.get("replies", [])
+    proposals = []
+    for match in _EXPLICIT_MEMORY.finditer(text):
+        content = (match.group(1) or match.group(2)).strip()
+        for reply in replies:
+            proposals.append(
+                {
+                    "member_id": reply["member_id"],
+                    "action": "create",
+                    "content": content,
+                    "importance": 0.7,
+                    "evidence_reply_ids": [reply["reply_id"]],
+                }
+            )
+    return {"proposals": proposals}

@@ -1,0 +1,254 @@
+"""How a run's execution is coordinated with other processes: the one part that differs
+between a single process on SQLite and replicas on Postgres.
+
+The composition root picks one strategy and the rest of runs/ never asks which it got:
+
+- `LocalCoordination`: a SQLite file belongs to one process (a file lock says so), so
+  there is nobody to lock a thread against, fence out, or hear a cancel from; runs a dead
+  process left are closed at start-up.
+- `SharedCoordination`: replicas share the registry. A thread is locked while a StartRun
+  checks it; a live run keeps a lease (renewed every third of it) and stops when it loses
+  it; a cancel another replica records is polled at speaker boundaries and while queued;
+  a thread's runs on other replicas take part in the busy-thread policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+from roundtable.domain.snapshot import RunRequest
+from roundtable.graph.context import StopSignal
+from roundtable.runs.live import LiveRun
+from roundtable.runs.log import EventLog
+from roundtable.runs.threads import BusyRun
+from roundtable.store.base import ACTIVE, CancelMark, RunRecord, RunStore
+
+log = logging.getLogger(__name__)
+
+Accept = Callable[[CancelMark | None], None]
+"""Called with an appended event's cancel mark once the event is in the log."""
+
+
+class CancelMarks(Protocol):
+    """What a run's sink tells about the cancel its last append saw (`RunSink`)."""
+
+    def take_cancel_mark(self) -> tuple[bool, CancelMark | None]:
+        """Whether an event was appended since the last call, and the mark it saw."""
+        ...
+
+
+class Coordination(Protocol):
+    """The differing part of a run's life between one process and several replicas."""
+
+    owner: str
+    """This process's id in leases and appends."""
+
+    async def hold_thread(
+        self, tenant: str, thread_id: str, guard: contextlib.AsyncExitStack
+    ) -> None:
+        """Holds the thread against other replicas' StartRuns until `guard` closes."""
+        ...
+
+    async def busy_elsewhere(self, request: RunRequest) -> list[BusyRun]:
+        """The thread's runs that other processes execute now."""
+        ...
+
+    async def append(self, append: Awaitable[CancelMark | None], accept: Accept) -> None:
+        """Awaits an append to the event log and hands its result to `accept`, unless it
+        never committed (a cancel while it waited)."""
+        ...
+
+    def attend(self, live: LiveRun, marks: CancelMarks) -> asyncio.Task[None] | None:
+        """Starts what keeps a live run coordinated while it executes; the returned task
+        (if any) is cancelled when the execution ends."""
+        ...
+
+    def watch_queued(self, stop: StopSignal) -> asyncio.Task[None] | None:
+        """Watches for a cancel recorded elsewhere while a run waits in a thread's queue."""
+        ...
+
+    async def close_interrupted(self, runs: Iterable[tuple[str, str]], log: EventLog) -> None:
+        """Closes the logs of runs start-up found left running by a dead process."""
+        ...
+
+
+class LocalCoordination:
+    """One process owns the store: nothing to lock, lease, fence or poll."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    async def hold_thread(
+        self, tenant: str, thread_id: str, guard: contextlib.AsyncExitStack
+    ) -> None:
+        """Nothing to hold: this process's own runs are known in memory."""
+
+    async def busy_elsewhere(self, request: RunRequest) -> list[BusyRun]:
+        """No other process runs this store's runs."""
+        return []
+
+    async def append(self, append: Awaitable[CancelMark | None], accept: Accept) -> None:
+        """SQLite's append can only wait before it writes (a WAL checkpoint's last pass): a
+        cancel there leaves nothing written, and the event unnumbered."""
+        accept(await append)
+
+    def attend(self, live: LiveRun, marks: CancelMarks) -> asyncio.Task[None] | None:
+        """Leases only matter where other replicas share the store; renewing one here would
+        be a task and a write every lease/3 per live run for nothing."""
+        return None
+
+    def watch_queued(self, stop: StopSignal) -> asyncio.Task[None] | None:
+        """Cancels reach a queued run in memory."""
+        return None
+
+    async def close_interrupted(self, runs: Iterable[tuple[str, str]], log: EventLog) -> None:
+        """Each run gets the run_failed (RUN_INTERRUPTED, retryable) its execution never
+        wrote, so a stream of one ends in a terminal event that says "send the same
+        StartRun". Safe here: this process alone serves the file."""
+        for tenant, run_id in runs:
+            await log.close_if_open(tenant, run_id)
+
+
+class SharedCoordination:
+    """Replicas on one shared store: thread locks, leases, owner fences, remote cancels."""
+
+    def __init__(
+        self, store: RunStore, *, owner: str, lease_s: float, poll_s: float = 0.05
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        """How often a waiting run or a follower asks the store again (seconds)."""
+
+    async def hold_thread(
+        self, tenant: str, thread_id: str, guard: contextlib.AsyncExitStack
+    ) -> None:
+        """Replicas check a thread's runs and record the new one in turn, so two StartRuns
+        of one thread on two replicas never both see it idle."""
+        await guard.enter_async_context(self.store.thread_lock(tenant, thread_id))
+
+    async def busy_elsewhere(self, request: RunRequest) -> list[BusyRun]:
+        """The thread's runs (running or queued) under another replica's live lease."""
+        ctx = request.context
+        busy = await self.store.live_thread_runs(
+            ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=time.time()
+        )
+        return [RemoteRun(self, record) for record in busy]
+
+    async def append(self, append: Awaitable[CancelMark | None], accept: Accept) -> None:
+        """Over the network a cancel can land after the row was committed: the statement
+        is let finish, and an event it committed is numbered and streamed before the
+        cancel goes on (else the run's last event would reuse its seq)."""
+        task = asyncio.ensure_future(append)
+        try:
+            mark = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # not committed: nothing to number
+                accept(await task)
+            raise
+        accept(mark)
+
+    def attend(self, live: LiveRun, marks: CancelMarks) -> asyncio.Task[None] | None:
+        """Keeps the run's lease and hears cancels recorded by other replicas: at every
+        speaker boundary (the stop signal's poller) and, for immediate ones, with each
+        renewal."""
+        record = live.record
+        live.stop.poller = lambda: self.remote_cancel(record, marks=marks)
+        return asyncio.create_task(self._keep_lease(live), name=f"lease:{record.run_id}")
+
+    def watch_queued(self, stop: StopSignal) -> asyncio.Task[None] | None:
+        """Asks the store for a cancel recorded elsewhere every `poll_s` until one is found
+        (a waiting run passes no speaker boundary)."""
+
+        async def poll() -> None:
+            while not stop.requested:
+                await asyncio.sleep(self.poll_s)
+                await stop.refresh()
+
+        return asyncio.create_task(poll())
+
+    async def close_interrupted(self, runs: Iterable[tuple[str, str]], log: EventLog) -> None:
+        """Nothing: a replica may be resuming such a run at this very moment, and that
+        resume closes the log itself."""
+
+    async def _keep_lease(self, live: LiveRun) -> None:
+        """Renews the run's lease while it runs; honours immediate cancels recorded by
+        other replicas. A lost lease means another replica took the run over (this one was
+        presumed dead): stop at once, so one run never executes twice."""
+        record = live.record
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                kept = await self.store.renew_lease(
+                    record.tenant, record.run_id, self.owner, self.lease_s
+                )
+                reason = await self.remote_cancel(record, immediate_only=True)
+                if reason and live.in_graph:
+                    live.stop.request(reason)
+                    live.interrupt_graph()
+            except Exception as exc:  # the store is unreachable: keep trying until expiry
+                log.warning("lease renewal of %s failed: %s", record.run_id, type(exc).__name__)
+                continue
+            if not kept:
+                log.error("lease of run %s was taken over; stopping here", record.run_id)
+                live.lease_lost = True
+                live.interrupt_graph()
+                return
+
+    async def remote_cancel(
+        self, record: RunRecord, *, immediate_only: bool = False, marks: CancelMarks | None = None
+    ) -> str:
+        """The reason of a cancel another replica recorded for this run, or "".
+
+        With the run's sink: when it appended a durable event since it was last asked (a
+        speaker boundary always follows the previous speaker's final), the row as that
+        append saw it, read in the append's own round trip; else the row read now. A cancel
+        committed in the moment between that append and the boundary (one `sleep(0)`) is
+        honoured at the boundary after, one speaker later.
+        """
+        fresh, mark = marks.take_cancel_mark() if marks is not None else (False, None)
+        if not fresh:
+            current = await self.store.get_run(record.tenant, record.run_id)
+            if current is not None and current.cancel_mode:
+                mark = CancelMark(current.cancel_mode, current.cancel_reason)
+        if mark is None or (immediate_only and mark.mode != "immediate"):
+            return ""
+        return mark.reason or "cancel_requested"
+
+    async def wait_ended(self, record: RunRecord) -> None:
+        """Returns once another replica's run has ended, or its lease ran out (it died)."""
+        while True:
+            current = await self.store.get_run(record.tenant, record.run_id)
+            if (
+                current is None
+                or current.status not in ACTIVE
+                or not current.leased_by_other(self.owner, time.time())
+            ):
+                return
+            await asyncio.sleep(self.poll_s)
+
+
+class RemoteRun:
+    """A thread's run on another replica, as the busy-thread policy sees it."""
+
+    def __init__(self, coordination: SharedCoordination, record: RunRecord) -> None:
+        self._coordination = coordination
+        self.record = record
+        self.run_id = record.run_id
+
+    async def stop(self, reason: str) -> None:
+        """Records a graceful cancel, honoured by its replica at its next speaker boundary."""
+        record = self.record
+        await self._coordination.store.request_cancel(
+            record.tenant, record.run_id, "graceful", reason
+        )
+
+    async def wait(self) -> None:
+        """Polls its record until it has ended or its replica died."""
+        await self._coordination.wait_ended(self.record)

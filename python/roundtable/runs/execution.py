@@ -1,0 +1,357 @@
+"""The execution of one run in this process: from its queue to its terminal event.
+
+An execution waits for the thread's earlier runs when it has to, emits run_started, runs
+the conversation graph (the event sink commits every durable event before any stream sees
+it), and always ends in one terminal event: run_completed, run_cancelled (a graceful or
+immediate stop; a shutdown's stop leaves the run interrupted, to resume), or run_failed.
+Then it writes the run's final registry row, unless another replica took the run over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
+
+from roundtable.domain.events import (
+    ReplySummary,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    TokenUsage,
+)
+from roundtable.domain.plan import DirectiveKind, Route
+from roundtable.domain.snapshot import SessionKind
+from roundtable.graph.context import Continuation, Drained, GraphContext, Prior, StopSignal
+from roundtable.graph.directives import Directive
+from roundtable.harness.chain import Harness
+from roundtable.runs.continuation import claim_continuation
+from roundtable.runs.coordination import Coordination
+from roundtable.runs.live import LiveRun
+from roundtable.runs.log import EventLog
+from roundtable.runs.progress import Progress
+from roundtable.runs.registry import SHUTDOWN_REASON, LiveRegistry
+from roundtable.runs.sink import RunSink
+from roundtable.store.base import LeaseLost, RunStatus
+from roundtable.telemetry.attributes import run_correlation
+from roundtable.telemetry.metrics import Metrics, no_metrics
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_thread(tenant: str, run_id: str) -> str:
+    """The LangGraph checkpoint thread of a run: one per (tenant, run)."""
+    return f"{tenant}/{run_id}"
+
+
+def span_context(value: str) -> trace.SpanContext | None:
+    """The span context stored as `<trace_id>-<span_id>` (`RunRecord.trace_context`)."""
+    if not value:
+        return None
+    trace_id, _, span_id = value.partition("-")
+    return trace.SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace.TraceFlags(1)
+    )
+
+
+class NewThreads(Protocol):
+    """The checkpoint saver's side of "this run has no checkpoint yet" (BoundarySaver)."""
+
+    def expect_new(self, thread_id: str) -> None:
+        """The thread's next checkpoint read may answer None without a database read."""
+
+    def forget_new(self, thread_id: str) -> None:
+        """Drops the mark if the run ended before reading."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """How one execution of a run starts. `credentials` stays in memory only."""
+
+    credentials: dict[str, str] = field(repr=False)
+    directive: Directive
+    resumed: bool
+    wait_for: Callable[[], Awaitable[Any]] | None
+    """Waits until the thread's busy runs (here or on other replicas) have ended."""
+
+
+async def _until_stopped(waiting: Awaitable[Any], stop: StopSignal) -> None:
+    """Awaits `waiting`, or less: until a stop is requested (then `waiting` is cancelled)."""
+    queued = asyncio.ensure_future(waiting)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((queued, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        queued.cancel()
+        stopped.cancel()
+    if queued.done() and not queued.cancelled():
+        queued.result()  # its error, if it failed
+
+
+class Executor:
+    """Executes runs of this process: the graph, with its context, to a terminal event."""
+
+    def __init__(
+        self,
+        *,
+        graph: Any,
+        harness: Harness,
+        log: EventLog,
+        coordination: Coordination,
+        registry: LiveRegistry,
+        checkpoints: NewThreads | None = None,
+        durability: str = "exit",
+        tracer: trace.Tracer | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.graph = graph
+        self.harness = harness
+        self.log = log
+        self.coordination = coordination
+        self.registry = registry
+        self.checkpoints = checkpoints
+        self.durability = durability
+        self.tracer = tracer
+        """Spans of runs, nodes and speakers; None: nothing is traced, no span is made."""
+        self.metrics = metrics or no_metrics()
+
+    def launch(self, live: LiveRun, launch: Launch) -> None:
+        """Starts the run's execution in a task of its own."""
+        ctx = live.request.context
+        live.task = asyncio.create_task(
+            self._execute(live, launch), name=f"run:{ctx.tenant}/{ctx.run_id}"
+        )
+
+    async def _execute(self, live: LiveRun, launch: Launch) -> None:
+        """Runs the run in a span that continues the starting request's trace; a resumed
+        run (perhaps in another process) links to the span that first ran it."""
+        started = time.perf_counter()
+        try:
+            if self.tracer is None:
+                await self._run_owned(live, launch)
+                return
+            links = []
+            first = span_context(live.record.trace_context) if launch.resumed else None
+            if first is not None:
+                links.append(trace.Link(first, {"roundtable.link": "first_execution"}))
+            attributes: dict[str, AttributeValue] = {
+                **run_correlation(live.request.context, "run"),
+                "roundtable.resumed": launch.resumed,
+            }
+            with self.tracer.start_as_current_span(
+                "roundtable.run", attributes=attributes, links=links
+            ):
+                await self._run_owned(live, launch)
+        finally:
+            status = {"roundtable.status": live.record.status.value}
+            self.metrics.runs.add(1, status)
+            self.metrics.run_duration.record(time.perf_counter() - started, status)
+
+    async def _run_owned(self, live: LiveRun, launch: Launch) -> None:
+        """Runs the run; stops quietly when the store refuses an append because another
+        replica took it over (its streams end with RunOrphaned: the same StartRun finds
+        the new owner)."""
+        try:
+            await self._run(live, launch)
+        except LeaseLost:
+            log.error("run %s was taken over by another replica; stopping here", live.record.run_id)
+
+    async def _run(self, live: LiveRun, launch: Launch) -> None:
+        """The execution, mapped to its terminal event and final status."""
+        record = live.record
+        sink = RunSink(live, self.log.store, self.coordination, first_seq=record.last_seq)
+        keeper = self.coordination.attend(live, sink)
+        status = RunStatus.FAILED
+        try:
+            state = await self._through_graph(live, launch, sink)
+            if state is None:
+                return  # taken over by another replica before the graph started
+            await sink.emit(_completed(state, live.progress))
+            status = RunStatus.SUCCEEDED
+        except Drained as stop:
+            await sink.emit(_cancelled(stop.reason, live.progress))
+            # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
+            # same StartRun comes again, on this server or the next.
+            status = (
+                RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
+            )
+        except asyncio.CancelledError:
+            if live.lease_lost:
+                return  # nothing more may be written for a run another replica owns
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                # The process is stopping: the run is interrupted, not cancelled by anyone.
+                status = RunStatus.INTERRUPTED
+                raise
+            await sink.emit(_cancelled(live.stop.reason or "cancel_requested", live.progress))
+            status = RunStatus.CANCELLED
+        except LeaseLost:
+            raise  # nothing more may be written: not even run_failed
+        except TimeoutError:
+            await sink.emit(
+                RunFailed(
+                    code="RUN_DEADLINE_EXCEEDED",
+                    message="the run took longer than its run_timeout_seconds",
+                    retryable=False,
+                )
+            )
+            status = RunStatus.FAILED
+        except Exception as exc:
+            # The run fails, the server does not: log the type only (a message could hold
+            # prompt text), and tell the gateway it may retry.
+            log.error("run %s failed: %s", record.run_id, type(exc).__name__)
+            with contextlib.suppress(Exception):
+                await sink.emit(
+                    RunFailed(code="INTERNAL", message=type(exc).__name__, retryable=True)
+                )
+            status = RunStatus.FAILED
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+            sink.flush()
+            await self._finish(live, status)
+
+    async def _through_graph(
+        self, live: LiveRun, launch: Launch, sink: RunSink
+    ) -> dict[str, Any] | None:
+        """Waits its turn, emits run_started and runs the graph; None when the run was
+        taken over before the graph started."""
+        request = live.request
+        # Every execution opens with run_started, even one cancelled while queued.
+        started = RunStarted(
+            route=Route.SINGLE
+            if request.snapshot.session.kind is SessionKind.SINGLE
+            else Route.GROUP,
+            resumed=launch.resumed,
+            thread_id=request.context.thread_id,
+        )
+        if launch.wait_for is not None:
+            await self._wait_turn(live, launch.wait_for, sink, started)
+        continuation = None
+        if launch.directive.kind is DirectiveKind.CONTINUE and not live.progress.steps:
+            # Claimed only now, once the run may start: a continue turn queued behind
+            # another run takes over whatever is left when its turn comes.
+            continuation = await claim_continuation(live.record, self.log)
+        await sink.emit(started)
+        context = self._context(live, launch, sink, continuation)
+        return await self._invoke(live, launch, context)
+
+    async def _wait_turn(
+        self, live: LiveRun, wait_for: Callable[[], Awaitable[Any]], sink: RunSink, started: Any
+    ) -> None:
+        """Queued behind the thread's other runs, until they end or this one is cancelled
+        (which need not wait for them; a cancel recorded by another replica reaches it by
+        polling)."""
+        watcher = self.coordination.watch_queued(live.stop)
+        try:
+            await _until_stopped(wait_for(), live.stop)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        await live.stop.refresh()  # a cancel another replica recorded meanwhile
+        if live.stop.requested:
+            await sink.emit(started)
+            raise Drained(live.stop.reason)
+        live.record.status = RunStatus.RUNNING
+        await self.log.store.update_run(live.record)
+
+    def _context(
+        self, live: LiveRun, launch: Launch, sink: RunSink, continuation: Continuation | None
+    ) -> GraphContext:
+        progress = live.progress
+        return GraphContext(
+            request=live.request,
+            directive=launch.directive,
+            harness=self.harness,
+            sink=sink,
+            stop=live.stop,
+            credentials=launch.credentials,
+            prior=Prior(
+                steps=tuple(progress.steps),
+                finished=dict(progress.finished),
+                usage=dict(progress.usage),
+                rounds=progress.rounds,
+                memory_proposed=progress.memory_proposed,
+                verdicts=dict(progress.verdicts),
+            ),
+            continuation=continuation,
+            tracer=self.tracer,
+            metrics=self.metrics,
+        )
+
+    async def _invoke(
+        self, live: LiveRun, launch: Launch, context: GraphContext
+    ) -> dict[str, Any] | None:
+        record = live.record
+        thread = checkpoint_thread(record.tenant, record.run_id)
+        config = {"configurable": {"thread_id": thread}, "recursion_limit": 10_000}
+        graph_input: dict[str, Any] | None = {}
+        if not launch.resumed and self.checkpoints is not None:
+            # A run's first execution: its checkpoint thread is its own, and empty.
+            self.checkpoints.expect_new(thread)
+        if launch.resumed:
+            # Continue from the last checkpoint when there is one; the event log (in the
+            # context) still decides which speakers are finished.
+            checkpoint = await self.graph.aget_state(config)
+            if checkpoint.next:
+                graph_input = None
+        if live.lease_lost:
+            return None
+        live.in_graph = True
+        try:
+            async with asyncio.timeout(live.request.snapshot.session.budgets.run_timeout_s):
+                state: dict[str, Any] = await self.graph.ainvoke(
+                    graph_input, config, context=context, durability=self.durability
+                )
+        finally:
+            live.in_graph = False
+            live.take_back_interrupts()
+        return state
+
+    async def _finish(self, live: LiveRun, status: RunStatus) -> None:
+        """Writes the run's final row (unless another replica owns it now) and lets it go."""
+        record = live.record
+        if self.checkpoints is not None:
+            self.checkpoints.forget_new(checkpoint_thread(record.tenant, record.run_id))
+        # With the lease lost, another replica owns the run: it writes the record, not us.
+        if not live.lease_lost:
+            record.status = status
+            with contextlib.suppress(Exception):
+                if not await self.log.store.finish_run(record, self.coordination.owner):
+                    # Another process owns the row now (e.g. a second server on the same
+                    # SQLite file marked it interrupted): its record is left as it is.
+                    log.warning(
+                        "run %s ended %s here, but its registry row is not ours any more",
+                        record.run_id,
+                        status.value,
+                    )
+        self.registry.forget(live)
+
+
+def _completed(state: dict[str, Any], progress: Progress) -> RunCompleted:
+    replies = [r for r in state.get("replies", []) if not r["failed"]]
+    return RunCompleted(
+        replies=tuple(
+            ReplySummary(reply_id=r["reply_id"], member_id=r["member_id"], step=r["step"])
+            for r in sorted(replies, key=lambda r: r["step"])
+        ),
+        usage=TokenUsage(state.get("input_tokens", 0), state.get("output_tokens", 0)),
+        converged=bool(state.get("converged", True)),
+        rounds=max(progress.rounds, int(state.get("round", 0))),
+    )
+
+
+def _cancelled(reason: str, progress: Progress) -> RunCancelled:
+    return RunCancelled(
+        reason=reason,
+        finished_reply_ids=tuple(progress.finished_reply_ids),
+        steps_left=tuple(progress.steps_left),
+    )

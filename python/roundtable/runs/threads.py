@@ -1,0 +1,82 @@
+"""The busy-thread policy: what a new run does about the thread's runs still going.
+
+Written once, over `BusyRun`: a run of this process (stopped and awaited in memory) and a
+run on another replica (stopped through a cancel recorded in the shared registry, awaited
+by polling it) look the same to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from roundtable.domain.errors import ThreadBusy
+from roundtable.domain.plan import DirectiveKind
+from roundtable.domain.snapshot import BusyThreadPolicy, RunRequest
+from roundtable.graph.directives import Directive
+from roundtable.runs.live import LiveRun
+
+Wait = Callable[[], Awaitable[None]]
+"""Waits until the thread's busy runs have ended."""
+
+
+class BusyRun(Protocol):
+    """A run of the thread that has not ended yet."""
+
+    run_id: str
+
+    async def stop(self, reason: str) -> None:
+        """Asks it to stop at its next speaker boundary."""
+        ...
+
+    async def wait(self) -> None:
+        """Returns once it has ended."""
+        ...
+
+
+class LocalRun:
+    """A thread's run executing in this process."""
+
+    def __init__(self, live: LiveRun) -> None:
+        self._live = live
+        self.run_id = live.record.run_id
+
+    async def stop(self, reason: str) -> None:
+        """Requests a graceful stop of the live run."""
+        self._live.stop.request(reason)
+
+    async def wait(self) -> None:
+        """Waits for its execution to end (a run stopping gracefully finishes its speaker)."""
+        await self._live.done.wait()
+
+
+async def claim_thread(
+    request: RunRequest, directive: Directive, busy: Sequence[BusyRun]
+) -> Wait | None:
+    """Applies the busy-thread policy; returns what the new run waits for, if anything.
+
+    Raises:
+        ThreadBusy: the thread has a live run and the policy is REJECT.
+    """
+    if not busy:
+        return None
+    if directive.kind is DirectiveKind.STOP:
+        # A stop turn always stops the thread's live runs (the running one and any
+        # waiting behind it), whatever the policy; nobody speaks.
+        for run in busy:
+            await run.stop("stop_directive")
+        return None
+    policy = request.options.busy_thread_policy
+    if policy is BusyThreadPolicy.REJECT:
+        thread_id = request.context.thread_id
+        raise ThreadBusy(f"thread {thread_id!r} is running run {busy[0].run_id!r}")
+    if policy is BusyThreadPolicy.INTERRUPT:
+        for run in busy:
+            await run.stop("interrupted_by_new_run")
+
+    async def wait() -> None:
+        # Every one of them, a stop turn that ended at once included.
+        for run in busy:
+            await run.wait()
+
+    return wait
