@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -110,9 +109,6 @@ func (t *Turn) Run(ctx context.Context) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("turn aborted after seq %d: %w", t.lastSeq, err)
-			}
-			if errors.Is(err, client.ErrAttemptsExhausted) && t.terminal != "" && t.resumable {
-				return nil // the summary says it can be resumed with -run-id
 			}
 			return err
 		}

@@ -51,7 +51,8 @@ type Error struct {
 	Code    codes.Code
 	Reason  string // google.rpc.ErrorInfo.reason in domain roundtable.v1; "" when the status had none
 	Message string
-	// Retryable says whether RunTurn's policy retries this error (clients/conformance.md).
+	// Retryable says whether the same call may succeed (clients/conformance.md): by Reason
+	// when there is one, else by Code (a transport's failure).
 	Retryable bool
 	// RetryDelay is the google.rpc.RetryInfo delay, when HasRetryDelay.
 	RetryDelay    time.Duration
@@ -131,39 +132,27 @@ func AsError(err error) *Error {
 			}
 		}
 	}
-	e.Retryable = actionOf(e) != actStop
+	e.Retryable = retryableOf(e)
 	return e
 }
 
-// action is what RunTurn does after a failed call.
-type action int
+// retryableReasons are the reasons worth the same call again (after the RetryInfo delay, or
+// a backoff); every other reason is the server's judgement of the request.
+var retryableReasons = map[string]bool{
+	ReasonTooManyRuns: true, ReasonTooManyCalls: true, ReasonTooManyStreams: true,
+	ReasonStreamOverflow: true, ReasonDraining: true, ReasonRunOrphaned: true,
+}
 
-const (
-	actStop   action = iota // surface the error
-	actNext                 // the next call: StartRun before any event or when a resend is due, else StreamRun(after_seq)
-	actResend               // the same StartRun again (it resumes the run)
-)
-
-// actionOf is the one retry policy of clients/conformance.md.
-func actionOf(e *Error) action {
-	switch e.Code {
-	case codes.ResourceExhausted:
-		if e.HasRetryDelay {
-			return actNext
-		}
-		return actStop // the transport's size limit: the same request fails the same way
-	case codes.Unavailable:
-		if e.Reason == ReasonDraining || e.Reason == ReasonRunOrphaned {
-			return actResend
-		}
-		return actNext
-	case codes.FailedPrecondition:
-		if e.Reason == ReasonStreamGap {
-			return actResend // StartRun streams the log from seq 1: what was yielded is skipped
-		}
-		return actStop
-	case codes.Unknown, codes.Internal, codes.Aborted, codes.Canceled, codes.DeadlineExceeded:
-		return actNext
+// retryableOf is the one rule of clients/conformance.md: with an ErrorInfo, its reason
+// decides; without one, the codes a transport gives a cut, refused or reset connection
+// (a RESOURCE_EXHAUSTED without ErrorInfo is the transport's size limit: not retryable).
+func retryableOf(e *Error) bool {
+	if e.Reason != "" {
+		return retryableReasons[e.Reason]
 	}
-	return actStop
+	switch e.Code {
+	case codes.Unavailable, codes.Unknown, codes.Internal, codes.Aborted, codes.DeadlineExceeded, codes.Canceled:
+		return true
+	}
+	return false
 }

@@ -39,34 +39,36 @@ func wireError(t *testing.T, code codes.Code, reason string, delay *time.Duratio
 	return st.Err()
 }
 
-// The contract's error table (orchestrator_service.proto), row by row: what RunTurn does.
+// The contract's error table (orchestrator_service.proto), row by row: typed, and retryable
+// or not.
 func TestPolicyOfEveryReason(t *testing.T) {
 	second, zero := time.Second, time.Duration(0)
 	for _, c := range []struct {
 		code   codes.Code
 		reason string
 		delay  *time.Duration
-		want   action
+		want   bool
 	}{
-		{codes.InvalidArgument, ReasonInvalidRequest, nil, actStop},
-		{codes.InvalidArgument, ReasonUndecodableRequest, nil, actStop},
-		{codes.AlreadyExists, ReasonRunAlreadyExists, nil, actStop},
-		{codes.NotFound, ReasonRunNotFound, nil, actStop},
-		{codes.FailedPrecondition, ReasonThreadBusy, nil, actStop},
-		{codes.FailedPrecondition, ReasonStreamGap, nil, actResend},
-		{codes.FailedPrecondition, ReasonRunContinued, nil, actStop},
-		{codes.ResourceExhausted, ReasonTooManyRuns, &second, actNext},
-		{codes.ResourceExhausted, ReasonTooManyCalls, &second, actNext},
-		{codes.ResourceExhausted, ReasonTooManyStreams, &second, actNext},
-		{codes.ResourceExhausted, ReasonStreamOverflow, &zero, actNext},
-		{codes.ResourceExhausted, "", nil, actStop}, // the transport's size limit
-		{codes.Unauthenticated, ReasonUnauthenticated, nil, actStop},
-		{codes.PermissionDenied, ReasonTenantForbidden, nil, actStop},
-		{codes.Unavailable, ReasonDraining, nil, actResend},
-		{codes.Unavailable, ReasonRunOrphaned, nil, actResend},
-		{codes.Unavailable, "", nil, actNext}, // the transport
-		{codes.Internal, ReasonInternal, nil, actNext},
-		{codes.Unknown, "", nil, actNext},
+		{codes.InvalidArgument, ReasonInvalidRequest, nil, false},
+		{codes.InvalidArgument, ReasonUndecodableRequest, nil, false},
+		{codes.AlreadyExists, ReasonRunAlreadyExists, nil, false},
+		{codes.NotFound, ReasonRunNotFound, nil, false},
+		{codes.FailedPrecondition, ReasonThreadBusy, nil, false},
+		{codes.FailedPrecondition, ReasonStreamGap, nil, false},
+		{codes.FailedPrecondition, ReasonRunContinued, nil, false},
+		{codes.ResourceExhausted, ReasonTooManyRuns, &second, true},
+		{codes.ResourceExhausted, ReasonTooManyCalls, &second, true},
+		{codes.ResourceExhausted, ReasonTooManyStreams, &second, true},
+		{codes.ResourceExhausted, ReasonStreamOverflow, &zero, true},
+		{codes.ResourceExhausted, "", nil, false}, // the transport's size limit
+		{codes.Unauthenticated, ReasonUnauthenticated, nil, false},
+		{codes.PermissionDenied, ReasonTenantForbidden, nil, false},
+		{codes.Unavailable, ReasonDraining, nil, true},
+		{codes.Unavailable, ReasonRunOrphaned, nil, true},
+		{codes.Unavailable, "", nil, true},           // the transport
+		{codes.Internal, ReasonInternal, nil, false}, // the server judged: a bug
+		{codes.Internal, "", nil, true},              // a reset stream,
+		{codes.Unknown, "", nil, true},
 	} {
 		t.Run(fmt.Sprintf("%s_%s", c.code, c.reason), func(t *testing.T) {
 			e := AsError(wireError(t, c.code, c.reason, c.delay))
@@ -76,8 +78,8 @@ func TestPolicyOfEveryReason(t *testing.T) {
 			if c.delay != nil && e.RetryDelay != *c.delay {
 				t.Fatalf("delay %s, want %s", e.RetryDelay, *c.delay)
 			}
-			if got := actionOf(e); got != c.want || e.Retryable != (c.want != actStop) {
-				t.Fatalf("action %d (retryable %t), want %d", got, e.Retryable, c.want)
+			if e.Retryable != c.want {
+				t.Fatalf("retryable %t, want %t", e.Retryable, c.want)
 			}
 		})
 	}
@@ -107,16 +109,16 @@ func TestBadRequestViolationsAndMatching(t *testing.T) {
 	}
 }
 
-func TestBackoffDoublesToTheMax(t *testing.T) {
+func TestBackoffDoublesToTheMaxJitteredIntoTheUpperHalf(t *testing.T) {
 	tr := &turn{o: (&Options{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}).withDefaults()}
-	var got []time.Duration
-	for i := 1; i <= 6; i++ {
-		got = append(got, tr.backoff(i))
+	if tr.backoff(0) != 0 {
+		t.Fatal("a wait after an answered call")
 	}
-	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
-	for i := range want {
-		if got[i] != want[i]*time.Millisecond {
-			t.Fatalf("backoff %v", got)
+	for n, full := range map[int]time.Duration{1: 100, 2: 200, 3: 400, 4: 800, 5: 1000, 9: 1000} {
+		for range 50 {
+			if d := tr.backoff(n); d < full*time.Millisecond/2 || d > full*time.Millisecond {
+				t.Fatalf("backoff(%d) = %s, want within [%s, %s]", n, d, full*time.Millisecond/2, full*time.Millisecond)
+			}
 		}
 	}
 }

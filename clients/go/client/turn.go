@@ -6,30 +6,33 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"math/rand/v2"
 	"time"
 
 	roundtablev1 "github.com/roundtable/roundtable/clients/go/roundtable/v1"
+	"google.golang.org/grpc/codes"
 )
 
 // Options tune RunTurn. A nil *Options means DefaultOptions(); in a non-nil one a zero
 // MaxAttempts, InitialBackoff, MaxBackoff or TerminalGrace means its default.
 type Options struct {
-	// MaxAttempts bounds the calls in a row that yield no new durable event, the first
-	// included (a call that yields one resets the count), and the resends after resumable
-	// ends per turn. Default 5.
+	// MaxAttempts bounds the calls (StartRun or StreamRun) in a row that bring no progress,
+	// the first included: progress is a new durable event other than run_started or a
+	// terminal one. Default 8.
 	MaxAttempts int
-	// InitialBackoff is the wait before the first retry since the last progress; it
-	// doubles per failure up to MaxBackoff. A RetryInfo's delay replaces it. Defaults
-	// 200 ms and 5 s.
+	// InitialBackoff is the wait after a call the sidecar never answered (refused, cut
+	// before any message); it doubles per such call in a row up to MaxBackoff, jittered into
+	// its upper half. No wait after a call that got an answer; a RetryInfo's delay replaces
+	// the backoff. Defaults 200 ms and 5 s.
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
-	// ResendStartRun lets the library send the same StartRun again: after a resumable
-	// end (run_cancelled "server_shutdown", a retryable run_failed), after DRAINING,
-	// RUN_ORPHANED or STREAM_GAP, and after a failure before the first event. Off, StartRun
-	// is sent once per turn and those are surfaced. Default on.
+	// ResendStartRun lets the library send the same StartRun again to resume a run whose
+	// execution stopped before its end: run_cancelled "server_shutdown", a retryable
+	// run_failed, DRAINING, RUN_ORPHANED. Off, such a run ends the turn: with its terminal
+	// event, or with the error. Default on.
 	ResendStartRun bool
-	// TerminalGrace is how long a stream may stay open after a terminal event before the
-	// turn treats it as ended. Default 2 s.
+	// TerminalGrace is how long a stream may stay open after a terminal event that is the
+	// latest before the turn treats it as ended. Default 2 s.
 	TerminalGrace time.Duration
 	// OnRetry, if set, is told of every retry before its wait.
 	OnRetry func(Retry)
@@ -39,7 +42,7 @@ type Options struct {
 
 // DefaultOptions is the policy of clients/conformance.md.
 func DefaultOptions() Options {
-	return Options{MaxAttempts: 5, InitialBackoff: 200 * time.Millisecond, MaxBackoff: 5 * time.Second,
+	return Options{MaxAttempts: 8, InitialBackoff: 200 * time.Millisecond, MaxBackoff: 5 * time.Second,
 		ResendStartRun: true, TerminalGrace: 2 * time.Second}
 }
 
@@ -78,25 +81,30 @@ type Retry struct {
 	AfterSeq uint64 // StreamRun's after_seq (the last seq yielded)
 	Attempt  int    // this call's number in the run of calls without progress (2 = first retry)
 	Delay    time.Duration
-	// Err is why: the failed call's error (an *Error, or a stream that ended or skipped a
-	// seq), nil when Ended is set.
+	// Err is the failed call's error (an *Error); nil when its stream ended after Ended.
 	Err error
-	// Ended is the resumable terminal event (run_cancelled "server_shutdown", a retryable
-	// run_failed) that the resent StartRun resumes.
+	// Ended is set when the latest durable event is a resumable terminal one
+	// (run_cancelled "server_shutdown", a retryable run_failed) that the StartRun resumes.
 	Ended *roundtablev1.RunEvent
 }
 
-var (
-	errEndedEarly = errors.New("stream ended before a terminal event")
-	errGap        = errors.New("gap in event seq")
-)
+// endedEarly is a stream that ended OK without a terminal event.
+func endedEarly() *Error {
+	return &Error{Code: codes.Unavailable, Message: "the stream ended before a terminal event", Retryable: true}
+}
+
+// gap is a durable event whose seq is not the next one: re-attach from the last one handled.
+func gap(seq, last uint64) *Error {
+	return &Error{Code: codes.DataLoss, Message: fmt.Sprintf("event seq %d after %d: re-attaching from %d", seq, last, last), Retryable: true}
+}
 
 // RunTurn sends StartRun and yields the run's events: every durable event exactly once,
 // in seq order, and the live deltas as they come, through dropped streams (re-attached with
 // StreamRun(after_seq)), sidecar restarts and retryable failures (the same StartRun again),
-// until the stream ends after the run's last terminal event. An error ends the sequence:
-// an *Error (errors.As) typed by the contract's reason, wrapped in ErrAttemptsExhausted
-// when retries ran out, or the context's error.
+// until the stream ends after the run's last terminal event (or, with ResendStartRun, a
+// resumable one that MaxAttempts resends did not get past). An error ends the sequence: an
+// *Error (errors.As) typed by the contract's reason, wrapped in ErrAttemptsExhausted when
+// retries ran out, or the context's error.
 //
 //	for ev, err := range c.RunTurn(ctx, req, nil) {
 //		if err != nil { return err }
@@ -118,71 +126,86 @@ type turn struct {
 	o     Options
 	yield func(*roundtablev1.RunEvent, error) bool
 
-	lastSeq   uint64                 // the last durable event yielded
-	ended     *roundtablev1.RunEvent // the last terminal event, while no run_started followed it
-	needStart bool                   // the next call is StartRun (a resend)
-	starts    int                    // StartRun calls sent
-	stopped   bool                   // the caller stopped iterating
+	lastSeq uint64                 // the last durable event yielded
+	ended   *roundtablev1.RunEvent // the last durable event yielded, when it is a terminal one
+	stopped bool                   // the caller stopped iterating
+}
+
+// outcome is how one call ended.
+type outcome struct {
+	err        error // nil: the stream ended OK
+	progressed bool  // it yielded a durable event other than run_started or a terminal one
+	received   bool  // the sidecar answered: at least one message
 }
 
 func (t *turn) run(ctx context.Context) error {
-	failures, resumes := 0, 0
+	failures, unanswered := 0, 0
+	op := OpStartRun
 	for {
-		op := OpStreamRun
-		if t.lastSeq == 0 || t.needStart {
-			op = OpStartRun
-		}
-		before := t.lastSeq
-		err := t.call(ctx, op)
+		out := t.call(ctx, op)
 		if t.stopped {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if t.lastSeq > before {
+		if out.progressed {
 			failures = 0
+		} else {
+			failures++
 		}
-		retry := Retry{Op: OpStreamRun, AfterSeq: t.lastSeq}
-		if err == nil { // the stream ended after a terminal event
+		if out.received {
+			unanswered = 0
+		} else {
+			unanswered++
+		}
+		mustStart := op == OpStartRun && !out.received
+		var e *Error
+		if out.err != nil {
+			e = AsError(out.err)
+			e.Attempts = failures
+		}
+		retry := Retry{AfterSeq: t.lastSeq, Attempt: failures + 1}
+		if t.ended != nil {
+			// The run's latest execution ended; an error after it is the stream closing, or
+			// the resent StartRun not getting through.
 			if !resumable(t.ended) || !t.o.ResendStartRun {
 				return nil
 			}
-			if resumes++; resumes > t.o.MaxAttempts {
-				return fmt.Errorf("%w: the run ended resumably (%s) %d times", ErrAttemptsExhausted, describe(t.ended), resumes-1)
+			if e != nil && !e.Retryable {
+				return e // the resume was refused (RUN_CONTINUED, say)
 			}
-			failures++
-			retry.Op, retry.Ended, retry.Delay = OpStartRun, t.ended, t.backoff(failures)
+			if failures >= t.o.MaxAttempts {
+				return nil // the turn ends with the resumable event: the same StartRun goes on later
+			}
+			retry.Op, retry.Ended, retry.Delay = OpStartRun, t.ended, t.backoff(max(unanswered, 1))
 		} else {
-			e := AsError(err)
-			act := actionOf(e)
-			if errors.Is(err, errEndedEarly) || errors.Is(err, errGap) {
-				act = actNext
+			if e == nil {
+				e = endedEarly()
+				e.Attempts = failures
 			}
-			failures++
-			e.Attempts = failures
-			if act == actStop {
+			if !e.Retryable {
 				return e
 			}
-			if act == actResend || t.lastSeq == 0 || t.needStart {
-				retry.Op = OpStartRun
-			}
-			if retry.Op == OpStartRun && !t.o.ResendStartRun {
+			restart := e.Reason == ReasonDraining || e.Reason == ReasonRunOrphaned
+			if restart && !t.o.ResendStartRun {
 				return e
 			}
 			if failures >= t.o.MaxAttempts {
-				return fmt.Errorf("%w after %d calls: %w", ErrAttemptsExhausted, failures, e)
+				return fmt.Errorf("%w after %d calls without progress: %w", ErrAttemptsExhausted, failures, e)
 			}
-			retry.Err, retry.Delay = e, t.backoff(failures)
-			if errors.Is(err, errEndedEarly) || errors.Is(err, errGap) {
-				retry.Err = err
+			retry.Op, retry.Delay = OpStreamRun, t.backoff(unanswered)
+			if restart || mustStart || t.lastSeq == 0 {
+				retry.Op = OpStartRun
 			}
+		}
+		if e != nil {
+			retry.Err = e
 			if e.HasRetryDelay {
 				retry.Delay = e.RetryDelay
 			}
 		}
-		retry.Attempt = failures + 1
-		t.needStart = retry.Op == OpStartRun
+		op = retry.Op
 		if t.o.OnRetry != nil {
 			t.o.OnRetry(retry)
 		}
@@ -198,25 +221,30 @@ func (t *turn) run(ctx context.Context) error {
 	}
 }
 
-func (t *turn) backoff(failures int) time.Duration {
-	d := t.o.InitialBackoff
-	for i := 1; i < failures && d < t.o.MaxBackoff; i++ {
-		d *= 2
+// backoff is the wait after n calls in a row the sidecar never answered: InitialBackoff
+// doubled per call past the first, capped at MaxBackoff, jittered into its upper half (so
+// gateways restarted together do not call together); none for n = 0.
+func (t *turn) backoff(n int) time.Duration {
+	if n <= 0 {
+		return 0
 	}
-	return min(d, t.o.MaxBackoff)
+	full := t.o.InitialBackoff
+	for i := 1; i < n && full < t.o.MaxBackoff; i++ {
+		full *= 2
+	}
+	full = min(full, t.o.MaxBackoff)
+	return full/2 + time.Duration(rand.Int64N(int64(full/2)+1))
 }
 
-// call sends one StartRun or StreamRun and yields its new events. It returns nil when the
-// stream ended after a terminal event (the turn may be over), else why it stopped.
-func (t *turn) call(ctx context.Context, op Op) error {
+// call sends one StartRun or StreamRun and yields its new events until the stream ends.
+func (t *turn) call(ctx context.Context, op Op) (out outcome) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // closes the stream, whatever ends it
 	var recv func() (*roundtablev1.RunEvent, error)
 	if op == OpStartRun {
-		t.starts++
 		stream, err := t.stub.StartRun(ctx, t.req)
 		if err != nil {
-			return err
+			return outcome{err: err}
 		}
 		recv = func() (*roundtablev1.RunEvent, error) {
 			r, err := stream.Recv()
@@ -227,15 +255,14 @@ func (t *turn) call(ctx context.Context, op Op) error {
 			RunId: t.req.GetContext().GetRunId(), Tenant: t.req.GetContext().GetTenant(), AfterSeq: t.lastSeq,
 		})
 		if err != nil {
-			return err
+			return outcome{err: err}
 		}
 		recv = func() (*roundtablev1.RunEvent, error) {
 			r, err := stream.Recv()
 			return r.GetEvent(), err
 		}
 	}
-	atEnd := false // the last durable event this stream delivered is the run's latest, and terminal
-	var grace *time.Timer
+	var grace *time.Timer // armed while this stream is caught up and the latest event is terminal
 	defer func() {
 		if grace != nil {
 			grace.Stop()
@@ -243,59 +270,52 @@ func (t *turn) call(ctx context.Context, op Op) error {
 	}()
 	for {
 		ev, err := recv()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
 		if err != nil {
-			if atEnd {
-				return nil // ended (or cut, or timed out by the grace) after a terminal event
-			}
-			if errors.Is(err, io.EOF) {
-				return errEndedEarly
-			}
-			return err
+			out.err = err
+			return out
 		}
-		if op == OpStartRun {
-			t.needStart = false
-		}
+		out.received = true
 		if ev.GetAssistantDelta() != nil { // live only, no seq of its own
 			if !t.emit(ev) {
-				return nil
+				return out
 			}
 			continue
 		}
 		seq := ev.GetSeq()
 		switch {
-		case seq <= t.lastSeq:
+		case seq <= t.lastSeq: // handled already: a StartRun streams the run's log from seq 1
 			if t.o.OnSkip != nil {
 				t.o.OnSkip(ev)
 			}
-			atEnd = seq == t.lastSeq && t.ended != nil
 		case seq != t.lastSeq+1:
-			return fmt.Errorf("%w: seq %d after %d", errGap, seq, t.lastSeq)
+			out.err = gap(seq, t.lastSeq)
+			return out
 		default:
-			t.lastSeq = seq
-			switch {
-			case ev.GetRunStarted() != nil:
-				t.ended = nil
-			case terminal(ev):
+			t.lastSeq, t.ended = seq, nil
+			if terminal(ev) {
 				t.ended = ev
 			}
-			atEnd = t.ended != nil
+			out.progressed = out.progressed || (t.ended == nil && ev.GetRunStarted() == nil)
 			if !t.emit(ev) {
-				return nil
+				return out
 			}
 		}
+		caughtUp := t.ended != nil && seq >= t.lastSeq
 		switch {
-		case atEnd && grace == nil:
+		case caughtUp && grace == nil:
 			// A terminal event ends the turn unless a later execution follows it (a run
 			// stopped and resumed holds both in its log); the server ends the stream after
 			// the last, so read to its end, bounded to be safe.
 			grace = time.AfterFunc(t.o.TerminalGrace, cancel)
-		case !atEnd && grace != nil:
+		case !caughtUp && grace != nil:
 			grace.Stop()
 			grace = nil
 		}
 	}
 }
-
 func (t *turn) emit(ev *roundtablev1.RunEvent) bool {
 	if !t.yield(ev, nil) {
 		t.stopped = true

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -12,7 +13,7 @@ from typing import Literal
 import grpc
 from roundtable.v1 import events_pb2, orchestrator_service_pb2, orchestrator_service_pb2_grpc
 
-from roundtable_client.errors import Action, AttemptsExhausted, RoundtableError, action_of, error_of
+from roundtable_client.errors import AttemptsExhausted, Reason, RoundtableError, error_of
 
 CONTRACT_VERSION = "roundtable.v1"
 """The contract this library speaks: the proto package roundtable.v1."""
@@ -38,27 +39,31 @@ class Retry:
     delay: float
     """Seconds to wait first."""
     error: RoundtableError | None
-    """Why: the failed call's error; None when `ended` is set."""
+    """The failed call's error; None when its stream ended after `ended`."""
     ended: events_pb2.RunEvent | None
-    """The resumable terminal event (run_cancelled server_shutdown, a retryable run_failed)
-    that the resent StartRun resumes."""
+    """Set when the latest durable event is a resumable terminal one (run_cancelled
+    server_shutdown, a retryable run_failed) that the StartRun resumes."""
 
 
 @dataclass(frozen=True, slots=True)
 class TurnOptions:
     """The knobs of run_turn; the defaults are clients/conformance.md's."""
 
-    max_attempts: int = 5
-    """Calls in a row that yield no new durable event, the first included (one that yields
-    one resets the count); also the most resends after resumable ends per turn."""
+    max_attempts: int = 8
+    """Calls (StartRun or StreamRun) in a row that bring no progress, the first included:
+    progress is a new durable event other than run_started or a terminal one."""
     initial_backoff: float = 0.2
-    """Seconds before the first retry since the last progress; doubles per failure."""
+    """Seconds to wait after a call the sidecar never answered (refused, cut before any
+    message); doubles per such call in a row up to max_backoff, jittered into its upper half.
+    No wait after a call that got an answer; a RetryInfo's delay replaces the backoff."""
     max_backoff: float = 5.0
     resend_start_run: bool = True
-    """Send the same StartRun again after a resumable end, DRAINING, RUN_ORPHANED, STREAM_GAP
-    or a failure before the first event. False: StartRun is sent once and those are raised."""
+    """Send the same StartRun again to resume a run whose execution stopped before its end:
+    run_cancelled server_shutdown, a retryable run_failed, DRAINING, RUN_ORPHANED. False:
+    such a run ends the turn, with its terminal event or by raising the error."""
     terminal_grace: float = 2.0
-    """Seconds a stream may stay open after a terminal event before the turn treats it as ended."""
+    """Seconds a stream may stay open after a terminal event that is the latest before the
+    turn treats it as ended."""
     on_retry: Callable[[Retry], None] | None = None
     on_skip: Callable[[events_pb2.RunEvent], None] | None = None
     """Told of every durable event delivered again and not yielded."""
@@ -145,48 +150,50 @@ class Client:
         """Sends StartRun and yields the run's events: every durable event exactly once, in seq
         order, and the live deltas as they come, through dropped streams (re-attached with
         StreamRun(after_seq)), sidecar restarts and retryable failures (the same StartRun
-        again), until the stream ends after the run's last terminal event.
+        again), until the stream ends after the run's last terminal event (or, with
+        resend_start_run, a resumable one that max_attempts resends did not get past).
 
         Raises RoundtableError (typed by the contract's reason), AttemptsExhausted when retries
         ran out, or the caller's own cancellation. Close it early with `contextlib.aclosing`.
         """
         o = options or TurnOptions()
         turn = _Turn(self, request, o)
-        failures = resumes = 0
+        failures = unanswered = 0
+        op: Op = "StartRun"
         while True:
-            op: Op = "StartRun" if turn.last_seq == 0 or turn.need_start else "StreamRun"
-            before = turn.last_seq
             async with contextlib.aclosing(turn.call(op)) as events:
                 async for event in events:
                     yield event
+            failures = 0 if turn.progressed else failures + 1
+            unanswered = 0 if turn.received else unanswered + 1
+            must_start = op == "StartRun" and not turn.received
             error = turn.error
-            if turn.last_seq > before:
-                failures = 0
-            if error is None:  # the stream ended after a terminal event
-                ended = turn.ended
-                if ended is None or not _resumable(ended) or not o.resend_start_run:
-                    return
-                resumes += 1
-                if resumes > o.max_attempts:
-                    raise AttemptsExhausted(
-                        None,
-                        f"the run ended resumably ({_describe(ended)}) {resumes - 1} times",
-                        attempts=resumes - 1,
-                    )
-                failures += 1
-                retry = Retry(
-                    "StartRun", turn.last_seq, failures + 1, _backoff(o, failures), None, ended
-                )
-            else:
-                action = action_of(error)
-                failures += 1
+            if error is not None:
                 error.attempts = failures
-                if action is Action.STOP:
+            ended = turn.ended
+            if ended is not None:
+                # The run's latest execution ended; an error after it is the stream closing,
+                # or the resent StartRun not getting through.
+                if not _resumable(ended) or not o.resend_start_run:
+                    return
+                if error is not None and not error.retryable:
+                    raise error  # the resume was refused (RUN_CONTINUED, say)
+                if failures >= o.max_attempts:
+                    return  # ends with the resumable event: the same StartRun goes on later
+                op = "StartRun"
+                delay = _backoff(o, max(unanswered, 1))
+            else:
+                if error is None:
+                    error = RoundtableError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the stream ended before a terminal event",
+                        attempts=failures,
+                        retryable=True,
+                    )
+                if not error.retryable:
                     raise error
-                next_op: Op = "StreamRun"
-                if action is Action.RESEND or turn.last_seq == 0 or turn.need_start:
-                    next_op = "StartRun"
-                if next_op == "StartRun" and not o.resend_start_run:
+                restart = error.reason in (Reason.DRAINING, Reason.RUN_ORPHANED)
+                if restart and not o.resend_start_run:
                     raise error
                 if failures >= o.max_attempts:
                     raise AttemptsExhausted(
@@ -197,15 +204,16 @@ class Client:
                         violations=error.violations,
                         attempts=failures,
                     ) from error
-                delay = (
-                    error.retry_delay if error.retry_delay is not None else _backoff(o, failures)
-                )
-                retry = Retry(next_op, turn.last_seq, failures + 1, delay, error, None)
-            turn.need_start = retry.op == "StartRun"
+                start = restart or must_start or turn.last_seq == 0
+                op = "StartRun" if start else "StreamRun"
+                delay = _backoff(o, unanswered)
+            if error is not None and error.retry_delay is not None:
+                delay = error.retry_delay
+            retry = Retry(op, turn.last_seq, failures + 1, delay, error, ended)
             if o.on_retry is not None:
                 o.on_retry(retry)
-            if retry.delay > 0:
-                await asyncio.sleep(retry.delay)
+            if delay > 0:
+                await asyncio.sleep(delay)
 
 
 class _Turn:
@@ -218,14 +226,17 @@ class _Turn:
         self.last_seq = 0
         """The last durable event yielded."""
         self.ended: events_pb2.RunEvent | None = None
-        """The last terminal event, while no run_started followed it."""
-        self.need_start = False
+        """The last durable event yielded, when it is a terminal one."""
         self.error: RoundtableError | None = None
-        """Why the last call stopped; None when its stream ended after a terminal event."""
+        """Why the last call stopped; None when its stream ended OK."""
+        self.progressed = False
+        """The last call yielded a durable event other than run_started or a terminal one."""
+        self.received = False
+        """The sidecar answered the last call: at least one message."""
 
     async def call(self, op: Op) -> AsyncGenerator[events_pb2.RunEvent]:
-        """One StartRun or StreamRun: yields its new events, sets `error`."""
-        self.error = None
+        """One StartRun or StreamRun: yields its new events; sets error, progressed, received."""
+        self.error, self.progressed, self.received = None, False, False
         stub, metadata = self.client.stub, self.client._metadata
         call: grpc.aio.UnaryStreamCall
         if op == "StartRun":
@@ -238,11 +249,11 @@ class _Turn:
                 ),
                 metadata=metadata,
             )
-        at_end = False  # the last durable event this stream delivered is the latest, and terminal
+        caught_up = False  # this stream reached the latest event, and it is terminal
         try:
             while True:
                 try:
-                    if at_end:
+                    if caught_up:
                         # A terminal event ends the turn unless a later execution follows it;
                         # the server ends the stream after the last: read on, bounded.
                         response = await asyncio.wait_for(call.read(), self.o.terminal_grace)
@@ -251,46 +262,45 @@ class _Turn:
                 except TimeoutError:
                     return
                 except grpc.aio.AioRpcError as error:
-                    if not at_end:
-                        self.error = error_of(error)
+                    self.error = error_of(error)
                     return
                 if response is grpc.aio.EOF:
-                    if not at_end:
-                        self.error = RoundtableError(
-                            grpc.StatusCode.UNKNOWN, "stream ended before a terminal event"
-                        )
                     return
+                self.received = True
                 event: events_pb2.RunEvent = response.event
-                if op == "StartRun":
-                    self.need_start = False
                 if event.HasField("assistant_delta"):  # live only, no seq of its own
                     yield event
                     continue
                 seq = event.seq
-                if seq <= self.last_seq:
+                if seq <= self.last_seq:  # handled: a StartRun streams the log from seq 1
                     if self.o.on_skip is not None:
                         self.o.on_skip(event)
-                    at_end = seq == self.last_seq and self.ended is not None
-                    continue
-                if seq != self.last_seq + 1:
+                elif seq != self.last_seq + 1:
                     self.error = RoundtableError(
-                        grpc.StatusCode.UNKNOWN, f"gap in event seq: {seq} after {self.last_seq}"
+                        grpc.StatusCode.DATA_LOSS,
+                        f"event seq {seq} after {self.last_seq}: re-attaching from {self.last_seq}",
+                        retryable=True,
                     )
                     return
-                self.last_seq = seq
-                kind = event.WhichOneof("payload")
-                if kind == "run_started":
-                    self.ended = None
-                elif kind in _TERMINAL:
-                    self.ended = event
-                at_end = self.ended is not None
-                yield event
+                else:
+                    self.last_seq = seq
+                    kind = event.WhichOneof("payload")
+                    self.ended = event if kind in _TERMINAL else None
+                    self.progressed |= self.ended is None and kind != "run_started"
+                    yield event
+                caught_up = self.ended is not None and seq >= self.last_seq
         finally:
             call.cancel()
 
 
-def _backoff(o: TurnOptions, failures: int) -> float:
-    return float(min(o.initial_backoff * 2 ** (failures - 1), o.max_backoff))
+def _backoff(o: TurnOptions, unanswered: int) -> float:
+    """The wait after `unanswered` calls in a row the sidecar never answered: initial_backoff
+    doubled per call past the first, capped at max_backoff, jittered into its upper half (so
+    gateways restarted together do not call together); none for 0."""
+    if unanswered <= 0:
+        return 0.0
+    full: float = min(o.initial_backoff * float(2 ** min(unanswered - 1, 30)), o.max_backoff)
+    return full / 2 + random.random() * full / 2
 
 
 def _resumable(event: events_pb2.RunEvent) -> bool:
@@ -298,11 +308,3 @@ def _resumable(event: events_pb2.RunEvent) -> bool:
     if event.HasField("run_cancelled"):
         return event.run_cancelled.reason == SHUTDOWN_REASON
     return event.HasField("run_failed") and event.run_failed.retryable
-
-
-def _describe(event: events_pb2.RunEvent) -> str:
-    if event.HasField("run_cancelled"):
-        return f"run_cancelled {event.run_cancelled.reason}"
-    if event.HasField("run_failed"):
-        return f"run_failed {event.run_failed.code}"
-    return str(event.WhichOneof("payload"))

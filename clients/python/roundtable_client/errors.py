@@ -41,16 +41,6 @@ class FieldViolation:
     description: str
 
 
-class Action(enum.Enum):
-    """What run_turn does after a failed call (clients/conformance.md)."""
-
-    STOP = "stop"
-    NEXT = "next"
-    """StartRun before any event or when a resend is due, else StreamRun(after_seq)."""
-    RESEND = "resend"
-    """The same StartRun again: it resumes the run."""
-
-
 class RoundtableError(Exception):
     """An error status from the sidecar (or the transport), typed by the contract.
 
@@ -66,9 +56,10 @@ class RoundtableError(Exception):
         retry_delay: float | None = None,
         violations: tuple[FieldViolation, ...] = (),
         attempts: int = 0,
+        retryable: bool | None = None,
     ) -> None:
         self.code = code
-        """The gRPC status code (None only for AttemptsExhausted after resumable ends)."""
+        """The gRPC status code (None only for an error that came from no call)."""
         self.reason = reason
         """google.rpc.ErrorInfo.reason in domain roundtable.v1; "" when the status had none."""
         self.message = message
@@ -78,12 +69,10 @@ class RoundtableError(Exception):
         """An INVALID_ARGUMENT's bad fields, each once."""
         self.attempts = attempts
         """Calls in a row that ended without progress, this one included (0 outside run_turn)."""
+        self.retryable = retryable_of(code, reason) if retryable is None else retryable
+        """Whether the same call may succeed (clients/conformance.md): by `reason` when there
+        is one, else by `code` (a transport's failure)."""
         super().__init__(self._text())
-
-    @property
-    def retryable(self) -> bool:
-        """Whether run_turn's policy retries this error."""
-        return action_of(self) is not Action.STOP
 
     def _text(self) -> str:
         text = f"roundtable: {self.code.name if self.code else 'no status'}"
@@ -97,8 +86,8 @@ class RoundtableError(Exception):
 
 
 class AttemptsExhausted(RoundtableError):
-    """run_turn gave up: max_attempts calls in a row without progress (the fields are the
-    last error's, which is also `__cause__`), or as many resends after resumable ends (code None)."""
+    """run_turn gave up after max_attempts calls in a row without progress: the fields are the
+    last error's, which is also `__cause__`."""
 
 
 def error_of(error: grpc.aio.AioRpcError | grpc.RpcError) -> RoundtableError:
@@ -130,23 +119,34 @@ def error_of(error: grpc.aio.AioRpcError | grpc.RpcError) -> RoundtableError:
     )
 
 
-def action_of(error: RoundtableError) -> Action:
-    """The one retry policy of clients/conformance.md."""
-    code, reason = error.code, error.reason
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        # Without a RetryInfo: the transport's size limit; the same request fails the same way.
-        return Action.NEXT if error.retry_delay is not None else Action.STOP
-    if code is grpc.StatusCode.UNAVAILABLE:
-        return Action.RESEND if reason in (Reason.DRAINING, Reason.RUN_ORPHANED) else Action.NEXT
-    if code is grpc.StatusCode.FAILED_PRECONDITION:
-        # StartRun streams the log from seq 1: what was yielded is skipped.
-        return Action.RESEND if reason == Reason.STREAM_GAP else Action.STOP
-    if code in (
+_RETRYABLE_REASONS = frozenset(
+    {
+        Reason.TOO_MANY_RUNS,
+        Reason.TOO_MANY_CALLS,
+        Reason.TOO_MANY_STREAMS,
+        Reason.STREAM_OVERFLOW,
+        Reason.DRAINING,
+        Reason.RUN_ORPHANED,
+    }
+)
+"""The reasons worth the same call again; every other reason is the server's judgement."""
+
+_TRANSPORT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.UNKNOWN,
         grpc.StatusCode.INTERNAL,
         grpc.StatusCode.ABORTED,
-        grpc.StatusCode.CANCELLED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
-    ):
-        return Action.NEXT
-    return Action.STOP
+        grpc.StatusCode.CANCELLED,
+    }
+)
+"""Without an ErrorInfo, the codes a transport gives a cut, refused or reset connection (a
+RESOURCE_EXHAUSTED without one is the transport's size limit: not retryable)."""
+
+
+def retryable_of(code: grpc.StatusCode | None, reason: str) -> bool:
+    """The one rule of clients/conformance.md."""
+    if reason:
+        return reason in _RETRYABLE_REASONS
+    return code in _TRANSPORT_CODES
