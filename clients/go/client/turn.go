@@ -339,13 +339,3 @@ func resumable(ev *roundtablev1.RunEvent) bool {
 	}
 	return ev.GetRunFailed().GetRetryable()
 }
-
-func describe(ev *roundtablev1.RunEvent) string {
-	if c := ev.GetRunCancelled(); c != nil {
-		return "run_cancelled " + c.GetReason()
-	}
-	if f := ev.GetRunFailed(); f != nil {
-		return "run_failed " + f.GetCode()
-	}
-	return "run_completed"
-}
