@@ -18,6 +18,7 @@ OTELCOL := $(TOOLS)/roundtable-otelcol
 OTELCOL_OUT ?= var/otelcol
 
 .PHONY: help run test test-clients-go test-clients-py test-llm test-collector collector lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
+.PHONY: test-clients-ts generate-ts checkgenerate-ts demo-ts
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -83,6 +84,32 @@ checkgenerate: venv tools ## Fail when generated code is not what proto/ generat
 	diff -r "$$tmp/clients/go/roundtable" clients/go/roundtable && \
 	echo "generated code is current"
 
+# The TypeScript client (clients/ts) and its example gateway (examples/gateway-ts): npm ci from
+# the lock files, protoc-gen-es from clients/ts/node_modules, buf as above.
+TS_CLIENT := clients/ts
+TS_GATEWAY := examples/gateway-ts
+NPM_CI := npm ci --no-audit --no-fund --loglevel=error
+
+generate-ts: ## Regenerate the TypeScript code of proto/ (clients/ts/src/gen)
+	cd $(TS_CLIENT) && $(NPM_CI) && $(BUF) generate
+
+checkgenerate-ts: ## Fail when clients/ts/src/gen is not what proto/ generates
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	cd $(TS_CLIENT) && test -x node_modules/.bin/protoc-gen-es || $(NPM_CI); \
+	$(BUF) generate -o "$$tmp" && diff -r "$$tmp/src/gen" src/gen && echo "generated TypeScript code is current"
+
+test-clients-ts: venv ## The TypeScript client's conformance tests (C1-C7) and the TS gateway's, against real sidecars
+	cd $(TS_CLIENT) && $(NPM_CI)
+	$(MAKE) --no-print-directory checkgenerate-ts
+	cd $(TS_CLIENT) && npx tsc -p tsconfig.json && npx tsc -p tsconfig.test.json
+	cd $(TS_CLIENT) && ROUNDTABLE_BIN=$(CURDIR)/$(VENV)/bin/roundtable node --test --test-concurrency=1 build/test/*.test.js
+	cd $(TS_GATEWAY) && $(NPM_CI) && npx tsc -p tsconfig.json
+	cd $(TS_GATEWAY) && ROUNDTABLE_BIN=$(CURDIR)/$(VENV)/bin/roundtable node --test --test-concurrency=1 dist/test/*.test.js
+
+demo-ts: ## One count-off through examples/gateway-ts against a sidecar on 127.0.0.1:50051 (make run)
+	cd $(TS_CLIENT) && $(NPM_CI) && npx tsc -p tsconfig.json
+	cd $(TS_GATEWAY) && $(NPM_CI) && npx tsc -p tsconfig.json && node dist/src/main.js --text "大家报数！"
+
 lint: venv ## buf lint + format, ruff, mypy, go vet + gofmt
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
@@ -98,7 +125,7 @@ breaking: ## buf breaking check of proto/ against the previous commit
 	  $(BUF) breaking --against '.git#ref=HEAD~1,subdir=proto' && echo "no breaking change against HEAD~1"; \
 	else echo "no previous commit to compare with"; fi
 
-bench: venv ## Benchmarks B1-B7 (~10 min): bench/results/latest.{md,json}
+bench: venv ## Benchmarks B1-B7 and B9 (~10 min): bench/results/latest.{md,json}
 	bench/run.sh $(ARGS)
 
 bench-quick: venv ## Benchmarks, quick mode (CI smoke, ~2 min; figures not asserted)

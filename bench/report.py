@@ -337,6 +337,34 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
         )
     )
     goals.append(goal("B6 time to first new event after resume", "report", ttfe, None, "", "ms"))
+    # B9: parallel speakers
+    for name, target, limit in (
+        ("parallel_4_over_one", "≤ 1.25", 1.25),
+        ("parallel_16_over_one", "≤ 1.5", 1.5),
+    ):
+        ratio = fig(suite, "B9", name)
+        goals.append(
+            goal(
+                f"B9 {name.replace('_over_one', '').replace('_', ' ')} turn ÷ one speaker's turn",
+                target,
+                ratio,
+                ratio and ratio["median"] <= limit,
+                "sequential 4: "
+                f"{fmt((fig(suite, 'B9', 'sequential_4_over_one') or {}).get('median'))}x",
+                "x",
+            )
+        )
+    cpu = fig(suite, "B9", "cpu_parallel_4_over_sequential_4")
+    goals.append(
+        goal(
+            "B9 Roundtable CPU per parallel turn ÷ per sequential turn (4 speakers)",
+            "≤ 1.1",
+            cpu,
+            cpu and cpu["median"] <= 1.1,
+            "",
+            "x",
+        )
+    )
     # B7: AutoGen's batches interleaved with B1's (paired per repetition) when the suite
     # ran them; else the peer's own run after the suite (ratio of medians, unpaired).
     paired = fig(suite, "B1", "peer_autogen")

@@ -1,4 +1,4 @@
-"""Roundtable's benchmark suite: figures B1-B6 of issue 7 (B7, the AutoGen peer, runs in its
+"""Roundtable's benchmark suite: figures B1-B6 and B9 of issues 7 and 21 (B7, the AutoGen peer, runs in its
 own venv: bench/peer_autogen.py). Run with the main venv: `.venv/bin/python bench/suite.py`.
 
 Every figure is min / median / max over repetitions taken after a warm-up; a repetition of a
@@ -1496,6 +1496,94 @@ async def bench_b6(cfg: Config, work: Path) -> dict[str, Any]:
     }
 
 
+# -- B9: parallel speakers ------------------------------------------------------------------
+
+B9_MODEL = {"latency_ms": 200, "token_delay_ms": 10}
+B9_TOKENS = 20
+
+
+def _b9_request(members: int, *, parallel: bool) -> Any:
+    """An @all of `members` with the B9 model: 200 ms to the first token, then 20 tokens at
+    10 ms (the offline model cut at a 20-token budget)."""
+    request = turn_request(
+        "@all what do you think?",
+        run_id="template",
+        members=members,
+        member_model=offline_ref(**B9_MODEL),
+        max_speakers=members,
+        max_output_tokens=B9_TOKENS,
+    )
+    if parallel:
+        session = request.snapshot.session
+        session.speaker_concurrency = 2  # SPEAKER_CONCURRENCY_PARALLEL
+        session.budgets.max_parallel_speakers = min(members, 16)
+    return request
+
+
+async def bench_b9(cfg: Config, work: Path) -> dict[str, Any]:
+    """B9: an @all answered at once against one speaker's turn; Roundtable's CPU per turn."""
+    variants = {
+        "one_speaker": _b9_request(1, parallel=False),
+        "sequential_4": _b9_request(4, parallel=False),
+        "parallel_4": _b9_request(4, parallel=True),
+        "parallel_16": _b9_request(16, parallel=True),
+    }
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    batch = 2 if cfg.quick else 4  # turns per figure: the process's CPU clock ticks 10 ms
+    server = await Server(work / "b9.db", work / "b9.log").start()
+    try:
+        async with server.channel() as channel:
+            stub = server.stub(channel)
+            for template in variants.values():  # warm-up: one of each
+                await grpc_turn(stub, with_run_id(template, new_id("b9w")))
+            # What the idle process spends (gRPC's pollers): taken off each turn's CPU, pro
+            # rata of its wall time, or a slower turn would look dearer for waiting.
+            idle0, t_idle = server.cpu_seconds(), time.perf_counter()
+            await asyncio.sleep(2.0)
+            idle_rate = (server.cpu_seconds() - idle0) / (time.perf_counter() - t_idle)
+            for _ in range(cfg.reps):
+                for name, template in variants.items():  # interleaved, rep by rep
+                    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+                    for _turn in range(batch):
+                        events = await grpc_turn(stub, with_run_id(template, new_id("b9")))
+                        finals = sum(1 for e in events if kind_of(e) == "assistant_final")
+                        if finals != len(template.snapshot.members):
+                            raise RuntimeError(f"B9 {name}: {finals} finals")
+                    took = time.perf_counter() - t0
+                    wall[name].append(took * 1000 / batch)
+                    busy = server.cpu_seconds() - cpu0 - idle_rate * took
+                    cpu[name].append(max(busy, 0.0) * 1000 / batch)
+    finally:
+        await server.stop()
+    one = wall["one_speaker"]
+    figures = {f"{name}_ms": summary(v, "ms") for name, v in wall.items()}
+    figures["idle_cpu_ms_per_s"] = summary([idle_rate * 1000], "ms/s")
+    figures |= {f"{name}_cpu_ms": summary(v, "ms") for name, v in cpu.items()}
+    for name in ("sequential_4", "parallel_4", "parallel_16"):
+        figures[f"{name}_over_one"] = summary(
+            [x / y for x, y in zip(wall[name], one, strict=True)], "x"
+        )
+    figures["cpu_parallel_4_over_sequential_4"] = summary(
+        [x / y for x, y in zip(cpu["parallel_4"], cpu["sequential_4"], strict=True)], "x"
+    )
+    return {
+        "figures": figures,
+        "notes": (
+            "A real `roundtable serve`; each member's model is the offline model with "
+            "latency_ms=200 and token_delay_ms=10, cut at a 20-token budget (200 ms to the "
+            "first token, then 19 more at 10 ms: ≈390 ms a speaker). one_speaker: an @all of "
+            "one member; sequential_4 / parallel_4: an @all of four members, "
+            "SPEAKER_CONCURRENCY_SEQUENTIAL / PARALLEL (max_parallel_speakers 4); "
+            "parallel_16: sixteen members, max_parallel_speakers 16. Wall time from the call "
+            "to the stream's end, the mean of a batch of turns; the variants interleaved rep "
+            "by rep, so *_over_one is paired. cpu: the server process's CPU time (user + "
+            "system) per turn, less what the idle process spends in as long (measured for "
+            "2 s before: gRPC's pollers), so a turn that waits longer does not look dearer."
+        ),
+    }
+
+
 # -- main ---------------------------------------------------------------------------------
 
 BENCHES = {
@@ -1505,6 +1593,7 @@ BENCHES = {
     "B4": bench_b4,
     "B5": bench_b5,
     "B6": bench_b6,
+    "B9": bench_b9,
 }
 
 

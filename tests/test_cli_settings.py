@@ -162,3 +162,25 @@ def test_a_port_in_use_is_refused_not_shared(tmp_path: Path) -> None:
     finally:
         first.terminate()
         first.wait(timeout=30)
+
+
+def test_a_killed_server_can_be_restarted_on_its_port_at_once(tmp_path: Path) -> None:
+    # A server killed with connections open leaves them in TIME-WAIT on its port for about a
+    # minute; a restart on the same port (what a supervisor or a gateway's retry loop does)
+    # must serve at once, as gRPC's own listener would, and not take those for a listener.
+    first = _serve_in(tmp_path, "--listen", "127.0.0.1:0", "--store", "sqlite:///rt.db")
+    port = _listening_port(first)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # open while it dies
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == (
+            health_pb2.HealthCheckResponse.SERVING
+        )
+        first.kill()
+        first.wait(timeout=30)
+    second = _serve_in(tmp_path, "--listen", f"127.0.0.1:{port}", "--store", "sqlite:///rt.db")
+    try:
+        assert _listening_port(second) == port
+        assert _health(port) == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        second.terminate()
+        second.wait(timeout=30)

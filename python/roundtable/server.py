@@ -114,6 +114,9 @@ def _bind(
         # line): gRPC's bind below still refuses whoever takes the port in between.
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As gRPC's own listener does: connections of a server killed a moment ago,
+            # left in TIME-WAIT on the port, do not hold it; a live listener still does.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError as exc:

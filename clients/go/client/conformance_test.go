@@ -71,7 +71,7 @@ func connect(t *testing.T, target string, o client.DialOptions) *client.Client {
 // patient retries long enough to outlast a sidecar restart.
 func patient() *client.Options {
 	o := client.DefaultOptions()
-	o.MaxAttempts, o.MaxBackoff = 100, time.Second
+	o.MaxAttempts, o.MaxBackoff = 30, time.Second
 	return &o
 }
 
@@ -146,7 +146,7 @@ func restartMidTurn(t *testing.T, sig syscall.Signal, runID string) *collected {
 	finals := 0
 	var restarted sync.WaitGroup
 	var restartErr error
-	col := turnOf(ctxFor(t, 150*time.Second), t, c, demoRequest(runID, "t-"+runID, "@all tell me about your day"), patient(),
+	col := turnOf(ctxFor(t, 90*time.Second), t, c, demoRequest(runID, "t-"+runID, "@all tell me about your day"), patient(),
 		func(ev *roundtablev1.RunEvent, _ *collected) {
 			if ev.GetAssistantFinal() != nil {
 				if finals++; finals == 2 {

@@ -90,26 +90,12 @@ func startSidecar(t *testing.T, args ...string) *sidecar {
 
 func (s *sidecar) address() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 
-// start runs the process and waits until it says it serves. A port that the last process's
-// closed connections still hold (TIME_WAIT, up to 60 s: roundtable serve probes the port
-// without SO_REUSEADDR) is tried again until it frees.
-// It may run on any goroutine: it reports, never fails the test itself.
+// start runs the process and waits until it says it serves. It may run on any goroutine:
+// it reports, never fails the test itself.
 func (s *sidecar) start() error {
-	deadline := time.Now().Add(75 * time.Second)
-	for {
-		again, err := s.startOnce(s.cmd != nil && time.Now().Before(deadline))
-		if !again {
-			return err
-		}
-		time.Sleep(time.Second)
-	}
-}
-
-// startOnce starts the process once; again is true when it should be tried again (busy port).
-func (s *sidecar) startOnce(retryBusy bool) (again bool, err error) {
 	log, err := os.CreateTemp(filepath.Dir(s.db), "rt-*.log")
 	if err != nil {
-		return false, err
+		return err
 	}
 	s.log = log
 	args := append([]string{"serve", "--listen", s.address(), "--store", "sqlite:///" + s.db}, s.args...)
@@ -117,11 +103,11 @@ func (s *sidecar) startOnce(retryBusy bool) (again bool, err error) {
 	s.cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
-		return false, err
+		return err
 	}
 	s.cmd.Stdout = log
 	if err := s.cmd.Start(); err != nil {
-		return false, err
+		return err
 	}
 	ready := make(chan struct{})
 	s.done = make(chan struct{})
@@ -140,14 +126,11 @@ func (s *sidecar) startOnce(retryBusy bool) (again bool, err error) {
 	select {
 	case <-ready:
 	case <-s.done:
-		if retryBusy && strings.Contains(s.logText(), "Address already in use") {
-			return true, nil
-		}
-		return false, fmt.Errorf("sidecar exited: %s", s.logText())
+		return fmt.Errorf("sidecar exited: %s", s.logText())
 	case <-time.After(60 * time.Second):
-		return false, fmt.Errorf("sidecar did not serve within 60 s: %s", s.logText())
+		return fmt.Errorf("sidecar did not serve within 60 s: %s", s.logText())
 	}
-	return false, nil
+	return nil
 }
 
 func (s *sidecar) logText() string {

@@ -44,10 +44,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class PortBusy(RuntimeError):
-    """A restarted sidecar found its port still held."""
-
-
 class Sidecar:
     """`roundtable serve` on a fixed port and SQLite file; can be stopped and started again."""
 
@@ -64,17 +60,7 @@ class Sidecar:
         return f"127.0.0.1:{self.port}"
 
     async def start(self, wait_s: float = 60.0) -> Sidecar:
-        """Starts the process. A port that the last process's closed connections still hold
-        (TIME_WAIT, up to 60 s: roundtable serve probes the port without SO_REUSEADDR) is
-        tried again until it frees."""
-        async with asyncio.timeout(75):
-            while True:
-                try:
-                    return await self._start_once(wait_s)
-                except PortBusy:
-                    await asyncio.sleep(1)
-
-    async def _start_once(self, wait_s: float) -> Sidecar:
+        """Starts the process and waits until it says where it listens."""
         self.starts += 1
         log = self.directory / f"rt-{self.starts}.log"
         with log.open("wb") as out:
@@ -93,10 +79,7 @@ class Sidecar:
         async with asyncio.timeout(wait_s):
             while not _SERVING.search(log.read_text("utf-8", "replace")):
                 if self.proc.returncode is not None:
-                    text = log.read_text("utf-8", "replace")
-                    if self.starts > 1 and "Address already in use" in text:
-                        raise PortBusy(text)
-                    raise RuntimeError(f"sidecar exited: {text}")
+                    raise RuntimeError(f"sidecar exited: {log.read_text()}")
                 await asyncio.sleep(0.05)
         return self
 
@@ -359,5 +342,5 @@ async def collect(
     return seen
 
 
-PATIENT = TurnOptions(max_attempts=100, max_backoff=1.0)
+PATIENT = TurnOptions(max_attempts=30, max_backoff=1.0)
 """Retries long enough to outlast a sidecar restart."""

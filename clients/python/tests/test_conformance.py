@@ -89,7 +89,7 @@ async def restart_mid_turn(sidecar, sig: int, run_id: str):
                 restarted.append(asyncio.create_task(server.start()))
 
     async with Client.connect(server.address) as client:
-        async with asyncio.timeout(150):
+        async with asyncio.timeout(90):
             seen = await collect(
                 client,
                 demo_request(run_id, "@all tell me about your day"),

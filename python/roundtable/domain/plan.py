@@ -50,18 +50,6 @@ class PlanStep:
     """Steps with the same non-zero group start together; 0: the step runs alone."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Plan:
-    """The speakers of one round and how they were chosen."""
-
-    directive: DirectiveKind
-    source: PlanSource
-    steps: tuple[PlanStep, ...]
-    round: int = 1
-    fallback_reason: str = ""
-    continued_run_id: str = ""
-
-
 def reply_id_for(run_id: str, step_index: int) -> str:
     """The reply id of a step: derived, never random, so a replayed step keeps its id."""
     return f"{run_id}#{step_index}"
