@@ -17,16 +17,18 @@ OTELCOL_VERSION := 0.161.0
 OTELCOL := $(TOOLS)/roundtable-otelcol
 OTELCOL_OUT ?= var/otelcol
 
-.PHONY: help run test test-llm test-collector collector lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
+.PHONY: help run test test-clients-go test-clients-py test-llm test-collector collector lint generate checkgenerate breaking demo demo-llm llm graph tools venv postgres bench bench-quick clean
 .PHONY: test-clients-ts generate-ts checkgenerate-ts demo-ts
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: python/pyproject.toml python/constraints.txt
+# Two distributions share the namespace package `roundtable`: clients/python (roundtable-client:
+# the generated roundtable.v1 and the client library roundtable_client) and python (the server).
+$(VENV)/.installed: python/pyproject.toml python/constraints.txt clients/python/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c python/constraints.txt -e "python[dev]"
+	$(PY) -m pip install -q -c python/constraints.txt -e "clients/python[test]" -e "python[dev]"
 	@touch $@
 
 venv: $(VENV)/.installed ## Create the virtualenv and install the package with dev tools
@@ -59,6 +61,12 @@ run: venv ## Serve on 127.0.0.1:50051 with a SQLite file under ./var and the off
 test: venv tools ## Run the whole test suite (real servers, real ports, SQLite and Postgres)
 	eval "$$(scripts/postgres.sh env)"; $(PY) -m pytest $(ARGS)
 
+test-clients-go: venv ## The Go client library's conformance tests (clients/conformance.md) against real sidecars
+	cd clients/go && ROUNDTABLE_BIN=$(CURDIR)/$(VENV)/bin/roundtable go test -count=1 $(ARGS) ./...
+
+test-clients-py: venv ## The Python client library's conformance tests (clients/conformance.md) against real sidecars
+	cd clients/python && ROUNDTABLE_BIN=$(CURDIR)/$(VENV)/bin/roundtable $(CURDIR)/$(PY) -m pytest $(ARGS) tests
+
 test-llm: venv ## The real-model tests (tests/real_model) against llama-server, built once by make llm
 	scripts/llm.sh install
 	ROUNDTABLE_TEST_LLM=1 $(PY) -m pytest -m real_model tests/real_model $(ARGS)
@@ -66,13 +74,13 @@ test-llm: venv ## The real-model tests (tests/real_model) against llama-server, 
 test-collector: venv $(OTELCOL) ## The trace tests against the real OTel Collector (builds it first)
 	ROUNDTABLE_OTELCOL=$(OTELCOL) $(PY) -m pytest -m collector $(ARGS)
 
-generate: venv tools ## Regenerate Python and Go code from proto/
-	scripts/generate.sh
+generate: venv tools ## Regenerate Python and Go code from proto/ (buf.gen.yaml)
+	BUF="$(BUF)" scripts/generate.sh
 
 checkgenerate: venv tools ## Fail when generated code is not what proto/ generates
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	scripts/generate.sh "$$tmp"; \
-	diff -r "$$tmp/python/roundtable/v1" python/roundtable/v1 -x __pycache__ && \
+	BUF="$(BUF)" scripts/generate.sh "$$tmp"; \
+	diff -r "$$tmp/clients/python/roundtable/v1" clients/python/roundtable/v1 -x __pycache__ && \
 	diff -r "$$tmp/clients/go/roundtable" clients/go/roundtable && \
 	echo "generated code is current"
 
@@ -105,8 +113,8 @@ demo-ts: ## One count-off through examples/gateway-ts against a sidecar on 127.0
 lint: venv ## buf lint + format, ruff, mypy, go vet + gofmt
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
-	$(VENV)/bin/ruff check python tests bench
-	$(VENV)/bin/ruff format --check python tests bench
+	$(VENV)/bin/ruff check python tests bench clients/python
+	$(VENV)/bin/ruff format --check python tests bench clients/python
 	$(VENV)/bin/mypy
 	cd clients/go && go vet ./... && test -z "$$(gofmt -l .)"
 	cd examples/gateway-go && go vet ./... && test -z "$$(gofmt -l .)"

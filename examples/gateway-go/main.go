@@ -20,15 +20,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/roundtable/roundtable/clients/go/client"
 	roundtablev1 "github.com/roundtable/roundtable/clients/go/roundtable/v1"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
@@ -190,7 +189,8 @@ func run(o options) int {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(otelcodes.Error, err.Error())
-		if turn.lastSeq == 0 && !reattachable(err) { // Roundtable refused the request itself
+		var refused *client.Error
+		if turn.lastSeq == 0 && errors.As(err, &refused) && !refused.Retryable { // Roundtable refused the request itself
 			store.UpdateRun(o.tenant, o.runID, "rejected", 0)
 			_ = store.Save()
 		}
@@ -271,11 +271,10 @@ func fail(s *Summary, err error) int {
 	s.Error = err.Error()
 	fmt.Fprintf(os.Stderr, "error: %v\n", err)
 	// INVALID_ARGUMENT carries a google.rpc.BadRequest naming every bad field.
-	for _, detail := range status.Convert(err).Details() {
-		if bad, ok := detail.(*errdetails.BadRequest); ok {
-			for _, v := range bad.GetFieldViolations() {
-				fmt.Fprintf(os.Stderr, "  %s: %s\n", v.GetField(), v.GetDescription())
-			}
+	var e *client.Error
+	if errors.As(err, &e) {
+		for _, v := range e.Violations {
+			fmt.Fprintf(os.Stderr, "  %s: %s\n", v.Field, v.Description)
 		}
 	}
 	return 1

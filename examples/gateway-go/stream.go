@@ -1,41 +1,29 @@
 package main
 
-// stream.go: one user turn. StartRun streams the run's events; when the stream drops
-// before a terminal event, StreamRun(after_seq = the last seq handled) re-attaches and
-// nothing is lost: every event but a delta is durable in Roundtable's log, and its seq
-// never changes, so events already handled are recognised by seq and skipped.
+// stream.go: one user turn, through the client library (clients/go/client). It sends
+// StartRun; when the stream drops before a terminal event, StreamRun(after_seq = the last
+// seq handled) re-attaches and nothing is lost: every event but a delta is durable in
+// Roundtable's log, and its seq never changes, so the library skips by seq what was
+// handled and yields each durable event once, in order.
 //
 // What the gateway persists is idempotent on its own keys as well: a final reply once
 // per (run_id, reply_id), whatever replays, re-attaches or resumes deliver it again.
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
-	"time"
+	"sync"
 
+	"github.com/roundtable/roundtable/clients/go/client"
 	roundtablev1 "github.com/roundtable/roundtable/clients/go/roundtable/v1"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-)
-
-// shutdownReason is run_cancelled's reason when the sidecar stopped the run to shut
-// down: nobody cancelled it, and the same StartRun resumes it.
-const shutdownReason = "server_shutdown"
-
-var (
-	// errDropHook is the -drop-after test hook closing the stream on purpose.
-	errDropHook = errors.New("stream closed by -drop-after")
-	// errEndedEarly is a stream that ended cleanly without a terminal event.
-	errEndedEarly = errors.New("stream ended before a terminal event")
-	// errGap is a durable event whose seq is not the next one: re-attach from the last
-	// one handled rather than skip anything.
-	errGap = errors.New("gap in event seq")
 )
 
 // ReplyResult is one reply of the run as this process saw it.
@@ -67,14 +55,11 @@ type Turn struct {
 	names       map[string]string // member_id -> display name
 	speakers    map[string]string // reply_id -> member_id, from the plan
 	lastSeq     uint64            // the last durable event handled
-	handled     int               // durable events handled
-	dropped     bool
-	reattaches  int // StreamRun re-attaches
+	reattaches  int               // StreamRun re-attaches
 	resumed     bool
 	terminal    string // completed, cancelled or failed, once a terminal event arrived
 	terminalMsg string
 	resumable   bool // the terminal event says the same StartRun would go on with the run
-	restart     bool // send StartRun again (to resume), not StreamRun
 	replies     map[string]*ReplyResult
 	accepted    []MemoryDecision
 	rejected    []MemoryDecision
@@ -86,176 +71,94 @@ type Turn struct {
 	openText    string // the delta text printed on that line
 }
 
-// Run streams the turn, re-attaching as often as needed, until a terminal event.
+// Run streams the turn through the client library (clients/go/client), which re-attaches,
+// resends StartRun and backs off as clients/conformance.md says, and yields each durable
+// event once, in seq order: this gateway only does what it does with each event.
 func (t *Turn) Run(ctx context.Context) error {
 	t.names, t.speakers, t.replies = map[string]string{}, map[string]string{}, map[string]*ReplyResult{}
 	for _, m := range t.Request.GetSnapshot().GetMembers() {
 		t.names[m.GetMemberId()] = m.GetDisplayName()
 	}
 	span := trace.SpanFromContext(ctx)
-	backoff, failures := 200*time.Millisecond, 0
-	for {
-		before := t.handled
-		err := t.attach(ctx)
-		if t.terminal != "" && !t.resumable {
-			return nil
-		}
-		if t.terminal != "" {
+	opts := client.DefaultOptions()
+	opts.MaxAttempts = t.MaxFailures + 1
+	opts.OnSkip = func(*roundtablev1.RunEvent) { t.skipped++ }
+	opts.OnRetry = func(r client.Retry) {
+		t.endLine()
+		switch {
+		case r.Ended != nil:
 			// Stopped by the sidecar's shutdown, or failed retryably: the same StartRun
 			// resumes the run (finished speakers are kept), here or on a restarted sidecar.
-			if failures++; failures > t.MaxFailures {
-				return nil // the summary says it can be resumed with -run-id
-			}
-			select {
-			case <-time.After(backoff):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			backoff = min(2*backoff, 5*time.Second)
 			fmt.Fprintf(t.Out, "── the run can go on (%s); sending the same StartRun to resume it\n", t.terminalMsg)
 			span.AddEvent("resume", trace.WithAttributes(attribute.String("cause", t.terminalMsg)))
-			t.restart = true
+		case r.Op == client.OpStartRun: // StartRun is idempotent on run_id
+			span.AddEvent("retry_start_run", trace.WithAttributes(attribute.String("cause", r.Err.Error())))
+			fmt.Fprintf(t.Out, "── StartRun failed (%v); sending it again\n", r.Err)
+		default:
+			t.reattaches++
+			span.AddEvent("reattach", trace.WithAttributes(
+				attribute.Int64("after_seq", int64(r.AfterSeq)), attribute.String("cause", r.Err.Error())))
+			fmt.Fprintf(t.Out, "── stream lost (%v); re-attaching with StreamRun(after_seq=%d)\n", r.Err, r.AfterSeq)
+		}
+	}
+	stub := t.Client
+	if t.DropAfter > 0 {
+		stub = &dropAfter{OrchestratorServiceClient: stub, after: t.DropAfter}
+	}
+	for ev, err := range client.Wrap(stub).RunTurn(ctx, t.Request, &opts) {
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("turn aborted after seq %d: %w", t.lastSeq, err)
+			}
+			return err
+		}
+		if d := ev.GetAssistantDelta(); d != nil { // live only, never replayed: just show it
+			t.printDelta(d)
 			continue
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("turn aborted after seq %d: %w", t.lastSeq, ctx.Err())
-		}
-		if !reattachable(err) {
+		if err := t.apply(ev); err != nil {
 			return err
 		}
-		if t.handled > before {
-			backoff, failures = 200*time.Millisecond, 0
-		}
-		if !errors.Is(err, errDropHook) {
-			if failures++; failures > t.MaxFailures {
-				return fmt.Errorf("giving up after %d retries: %w", t.MaxFailures, err)
-			}
-			select {
-			case <-time.After(backoff):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			backoff = min(2*backoff, 5*time.Second)
-		}
-		t.endLine()
-		if t.lastSeq == 0 || t.restart { // StartRun is idempotent on run_id
-			span.AddEvent("retry_start_run", trace.WithAttributes(attribute.String("cause", err.Error())))
-			fmt.Fprintf(t.Out, "── StartRun failed (%v); sending it again\n", err)
-			continue
-		}
-		t.reattaches++
-		span.AddEvent("reattach", trace.WithAttributes(
-			attribute.Int64("after_seq", int64(t.lastSeq)), attribute.String("cause", err.Error())))
-		fmt.Fprintf(t.Out, "── stream lost (%v); re-attaching with StreamRun(after_seq=%d)\n", err, t.lastSeq)
+		t.lastSeq = ev.GetSeq()
 	}
-}
-
-// attach opens one stream (StartRun first, StreamRun once something was handled) and
-// handles its events until the terminal event or an error.
-func (t *Turn) attach(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // closes the stream, whatever ends it
-	var recv func() (*roundtablev1.RunEvent, error)
-	if t.lastSeq == 0 || t.restart {
-		stream, err := t.Client.StartRun(ctx, t.Request)
-		if err != nil {
-			return err
-		}
-		// It streams the run's log from seq 1: what was handled is skipped by seq.
-		t.restart = false
-		recv = func() (*roundtablev1.RunEvent, error) {
-			r, err := stream.Recv()
-			return r.GetEvent(), err
-		}
-	} else {
-		stream, err := t.Client.StreamRun(ctx, &roundtablev1.StreamRunRequest{
-			RunId:    t.Request.GetContext().GetRunId(),
-			Tenant:   t.Request.GetContext().GetTenant(),
-			AfterSeq: t.lastSeq,
-		})
-		if err != nil {
-			return err
-		}
-		recv = func() (*roundtablev1.RunEvent, error) {
-			r, err := stream.Recv()
-			return r.GetEvent(), err
-		}
-	}
-	var stop *time.Timer // armed while the last event handled is a terminal one
-	defer func() {
-		if stop != nil {
-			stop.Stop()
-		}
-	}()
-	for {
-		ev, err := recv()
-		if t.terminal != "" && err != nil {
-			// The stream ended after the run's last terminal event (or the wait for more
-			// was cut short): the turn is over.
-			return nil
-		}
-		if errors.Is(err, io.EOF) {
-			return errEndedEarly
-		}
-		if err != nil {
-			return err
-		}
-		if err := t.handle(ev); err != nil {
-			return err
-		}
-		switch {
-		case t.terminal != "" && stop == nil:
-			// A terminal event ends the turn unless a later execution follows it (a run
-			// stopped and resumed holds both in its log); the server ends the stream after
-			// the last, so read to its end, bounded to be safe.
-			stop = time.AfterFunc(2*time.Second, cancel)
-		case t.terminal == "" && stop != nil:
-			stop.Stop() // a resumed execution's run_started: the run goes on
-			stop = nil
-		}
-		if t.DropAfter > 0 && !t.dropped && t.handled >= t.DropAfter {
-			t.dropped = true
-			return errDropHook
-		}
-	}
-}
-
-// reattachable says whether a stream error is worth a re-attach. Errors about the
-// request itself (INVALID_ARGUMENT, ALREADY_EXISTS, NOT_FOUND, FAILED_PRECONDITION...)
-// are not: the same request would fail the same way.
-func reattachable(err error) bool {
-	if errors.Is(err, errDropHook) || errors.Is(err, errEndedEarly) || errors.Is(err, errGap) {
-		return true
-	}
-	switch status.Code(err) {
-	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded, codes.Aborted,
-		codes.ResourceExhausted, codes.Internal, codes.Unknown:
-		return true
-	}
-	return false
-}
-
-// handle handles one event: deltas are printed, durable events are handled once each,
-// in seq order.
-func (t *Turn) handle(ev *roundtablev1.RunEvent) error {
-	if d := ev.GetAssistantDelta(); d != nil { // live only, never replayed: just show it
-		t.printDelta(d)
-		return nil
-	}
-	seq := ev.GetSeq()
-	if seq <= t.lastSeq {
-		t.skipped++
-		return nil
-	}
-	if seq != t.lastSeq+1 {
-		return fmt.Errorf("%w: seq %d after %d", errGap, seq, t.lastSeq)
-	}
-	if err := t.apply(ev); err != nil {
-		return err
-	}
-	t.lastSeq = seq
-	t.handled++
 	return nil
+}
+
+// dropAfter is the -drop-after test hook: the first StartRun stream fails, as a dropped
+// connection would, after this many durable events.
+type dropAfter struct {
+	roundtablev1.OrchestratorServiceClient
+	after int
+	once  sync.Once
+}
+
+func (d *dropAfter) StartRun(ctx context.Context, in *roundtablev1.StartRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[roundtablev1.StartRunResponse], error) {
+	stream, err := d.OrchestratorServiceClient.StartRun(ctx, in, opts...)
+	if err != nil {
+		return stream, err
+	}
+	first := false
+	d.once.Do(func() { first = true })
+	if !first {
+		return stream, nil
+	}
+	return &droppingStream{ServerStreamingClient: stream, left: d.after}, nil
+}
+
+type droppingStream struct {
+	grpc.ServerStreamingClient[roundtablev1.StartRunResponse]
+	left int
+}
+
+func (s *droppingStream) Recv() (*roundtablev1.StartRunResponse, error) {
+	if s.left == 0 {
+		return nil, status.Error(codes.Unavailable, "stream closed by -drop-after")
+	}
+	r, err := s.ServerStreamingClient.Recv()
+	if err == nil && r.GetEvent().GetAssistantDelta() == nil {
+		s.left--
+	}
+	return r, err
 }
 
 // apply does what the gateway does with one durable event.
@@ -337,7 +240,7 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 		c := p.RunCancelled
 		t.endLine()
 		fmt.Fprintf(t.Out, "── cancelled (%s); %d step(s) left\n", c.GetReason(), len(c.GetStepsLeft()))
-		t.resumable = c.GetReason() == shutdownReason
+		t.resumable = c.GetReason() == client.ShutdownReason
 		return t.finish("cancelled", c.GetReason(), ev.GetSeq())
 	case *roundtablev1.RunEvent_RunFailed:
 		f := p.RunFailed

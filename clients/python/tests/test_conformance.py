@@ -1,0 +1,197 @@
+"""The scenarios of clients/conformance.md, each against a real `roundtable serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+from roundtable.v1 import events_pb2, orchestrator_service_pb2
+from roundtable_client import (
+    CONTRACT_VERSION,
+    SHUTDOWN_REASON,
+    AttemptsExhausted,
+    Client,
+    Reason,
+    TurnOptions,
+)
+from support import PATIENT, CutProxy, Sidecar, collect, demo_request, self_signed
+
+
+def test_contract_version() -> None:
+    assert orchestrator_service_pb2.DESCRIPTOR.package == CONTRACT_VERSION
+
+
+async def test_c1_clean_turn(sidecar) -> None:
+    server = await sidecar("--offline-token-delay-ms", "2")
+    async with Client.connect(server.address) as client:
+        seen = await collect(client, demo_request("c1", "大家报数！"))
+        seen.assert_completed_once()
+        assert seen.kinds()[:2] == ["run_started", "plan_created"]
+        for number, final in enumerate(seen.finals(), start=1):
+            assert str(number) in final.content
+        assert seen.retries == []
+        run = await client.get_run("c1", "demo")
+        assert run.status == orchestrator_service_pb2.RUN_STATUS_SUCCEEDED
+        assert run.last_seq == seen.events[-1].seq
+
+
+@pytest.mark.parametrize(
+    "k", [1, 3, -2], ids=["after_1_message", "after_3_messages", "after_2nd_final"]
+)
+async def test_c2_stream_cut(sidecar, k: int) -> None:
+    server = await sidecar("--offline-token-delay-ms", "5")
+    proxy = CutProxy(server.address, after=max(k, 0))
+    address = await proxy.start()
+    finals = 0
+
+    def cut_after_second_final(event: events_pb2.RunEvent) -> None:
+        nonlocal finals
+        if event.HasField("assistant_final"):
+            finals += 1
+            if k < 0 and finals == -k:
+                proxy.cut()
+
+    try:
+        async with Client.connect(address) as client:
+            seen = await collect(
+                client,
+                demo_request(f"c2-{k}", "@all tell me about your day"),
+                on_event=cut_after_second_final,
+            )
+    finally:
+        await proxy.close()
+    seen.assert_completed_once()
+    assert proxy.cuts >= 1 and seen.retries, "the cut was retried"
+    for seen_retry in seen.retries:
+        if seen_retry.last_seen > 0:  # events were yielded: re-attach right after the last
+            assert seen_retry.retry.op == "StreamRun"
+            assert seen_retry.retry.after_seq == seen_retry.last_seen
+    if k != 1:
+        assert any(r.retry.op == "StreamRun" for r in seen.retries)
+
+
+async def restart_mid_turn(sidecar, sig: int, run_id: str):
+    """Runs a turn; after its 2nd assistant_final the sidecar gets `sig` and starts again on
+    the same port and database."""
+    server: Sidecar = await sidecar("--offline-token-delay-ms", "10", "--grace-seconds", "5")
+    finals = 0
+    restarted: list[asyncio.Task[Sidecar]] = []
+
+    async def stop_after_second_final(event: events_pb2.RunEvent) -> None:
+        nonlocal finals
+        if event.HasField("assistant_final"):
+            finals += 1
+            if finals == 2:
+                await server.stop(sig)
+                restarted.append(asyncio.create_task(server.start()))
+
+    async with Client.connect(server.address) as client:
+        async with asyncio.timeout(90):
+            seen = await collect(
+                client,
+                demo_request(run_id, "@all tell me about your day"),
+                PATIENT,
+                on_event=stop_after_second_final,
+            )
+        await asyncio.gather(*restarted)
+    seen.assert_completed_once()
+    assert any(r.retry.op == "StartRun" for r in seen.retries), seen.retries
+    return seen
+
+
+async def test_c3_sigkill_restart(sidecar) -> None:
+    seen = await restart_mid_turn(sidecar, signal.SIGKILL, "c3")
+    assert any(e.HasField("run_started") and e.run_started.resumed for e in seen.events)
+
+
+async def test_c4_graceful_shutdown_restart(sidecar) -> None:
+    seen = await restart_mid_turn(sidecar, signal.SIGTERM, "c4")
+    assert any(
+        e.HasField("run_cancelled") and e.run_cancelled.reason == SHUTDOWN_REASON
+        for e in seen.events
+    ), seen.kinds()
+    assert all(r.retry.op == "StartRun" for r in seen.retries if r.retry.ended is not None)
+
+
+async def test_c5_resource_exhausted(sidecar) -> None:
+    server = await sidecar("--offline-token-delay-ms", "25", "--max-runs", "1")
+    async with Client.connect(server.address) as client:
+        holder_started = asyncio.Event()
+        holder = asyncio.create_task(
+            collect(
+                client,
+                demo_request("c5-holder", "@all tell me about your day"),
+                on_event=lambda _: holder_started.set(),
+            )
+        )
+        await holder_started.wait()
+
+        # Too few attempts to outlast the holder: a typed TOO_MANY_RUNS.
+        refused = await collect(
+            client, demo_request("c5-refused", "大家报数！"), TurnOptions(max_attempts=2)
+        )
+        error = refused.error
+        assert isinstance(error, AttemptsExhausted), repr(error)
+        assert error.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error.reason == Reason.TOO_MANY_RUNS and error.retryable
+        assert error.retry_delay is not None and error.retry_delay > 0
+        assert error.attempts == 2
+        assert refused.events == [] and [r.retry.op for r in refused.retries] == ["StartRun"]
+
+        # Patient: it waits per RetryInfo and completes once the slot frees.
+        waited = await collect(client, demo_request("c5-waits", "大家报数！"), PATIENT)
+        waited.assert_completed_once()
+        assert waited.retries
+        for seen_retry in waited.retries:
+            assert seen_retry.retry.op == "StartRun"
+            assert seen_retry.retry.error is not None
+            assert seen_retry.retry.error.reason == Reason.TOO_MANY_RUNS
+            assert seen_retry.retry.delay == seen_retry.retry.error.retry_delay
+        (await holder).assert_completed_once()
+
+
+async def test_c6_invalid_argument(sidecar) -> None:
+    server = await sidecar()
+    request = demo_request("c6", "@nobody hello")
+    request.snapshot.session.primary_member_id = "ghost"  # no such member
+    request.snapshot.members[1].member_id = "lin"  # a duplicate id
+    request.snapshot.user_turn.mentions.append("nobody-with-this-id")  # names no member
+    async with Client.connect(server.address) as client:
+        seen = await collect(client, request)
+    error = seen.error
+    assert error is not None and not isinstance(error, AttemptsExhausted), repr(error)
+    assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.reason == Reason.INVALID_REQUEST and not error.retryable
+    assert error.attempts == 1 and seen.retries == []
+    fields = {v.field for v in error.violations}
+    assert {
+        "snapshot.session.primary_member_id",
+        "snapshot.members[1].member_id",
+        "snapshot.user_turn.mentions[0]",
+    } <= fields, error.violations
+    assert all(v.description for v in error.violations)
+
+
+async def test_c7_token_over_tls(sidecar, tmp_path: Path) -> None:
+    cert, key, pem = self_signed(tmp_path)
+    server = await sidecar(
+        "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--auth-tokens", "tok-right=demo"
+    )
+    async with Client.connect(server.address, root_certificates=pem, token="tok-right") as client:
+        (await collect(client, demo_request("c7", "大家报数！"))).assert_completed_once()
+    async with Client.connect(server.address, root_certificates=pem, token="tok-wrong") as client:
+        wrong = await collect(client, demo_request("c7-wrong", "大家报数！"))
+    error = wrong.error
+    assert error is not None and not isinstance(error, AttemptsExhausted), repr(error)
+    assert error.code is grpc.StatusCode.UNAUTHENTICATED
+    assert error.reason == Reason.UNAUTHENTICATED and not error.retryable
+    assert error.attempts == 1 and wrong.retries == []
+    assert "tok-wrong" not in str(error)
+
+
+def test_a_token_is_not_sent_in_cleartext() -> None:
+    with pytest.raises(ValueError, match="cleartext"):
+        Client.connect("127.0.0.1:1", token="tok")
