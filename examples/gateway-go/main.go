@@ -36,6 +36,7 @@ type options struct {
 	runID, threadID, tenant, request string
 	db                               string
 	dropAfter                        int
+	parallel                         bool
 	timeout                          time.Duration
 	security                         security
 }
@@ -73,6 +74,7 @@ func main() {
 	flag.StringVar(&o.tenant, "tenant", "demo", "tenant")
 	flag.StringVar(&o.request, "request-id", "", "request id of this attempt (default: a new one)")
 	flag.StringVar(&o.db, "db", "gateway-db.json", "the gateway's store, a JSON file")
+	flag.BoolVar(&o.parallel, "parallel", false, "a group's independent speakers answer at once (SPEAKER_CONCURRENCY_PARALLEL)")
 	flag.IntVar(&o.dropAfter, "drop-after", 0, "test hook: close the StartRun stream after N durable events, then re-attach")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline for the whole turn")
 	flag.StringVar(&o.security.tokenFile, "token-file", "", "a file holding the bearer token (or set ROUNDTABLE_TOKEN)")
@@ -239,6 +241,9 @@ func prepare(o options, store *Store) (*roundtablev1.StartRunRequest, bool, erro
 		var err error
 		if snapshot, err = buildSnapshot(o.snapshot, o.text, store, o.tenant, threadID); err != nil {
 			return nil, false, err
+		}
+		if o.parallel {
+			snapshot.Session.SpeakerConcurrency = roundtablev1.SpeakerConcurrency_SPEAKER_CONCURRENCY_PARALLEL
 		}
 		if snapshot.GetUserTurn().GetText() == "" && len(snapshot.GetUserTurn().GetMentions()) == 0 &&
 			!snapshot.GetUserTurn().GetMentionAll() {

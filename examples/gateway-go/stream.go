@@ -67,15 +67,23 @@ type Turn struct {
 	skipped     int // durable events delivered again and ignored (by seq)
 	dupFinals   int // finals of replies that were already persisted
 	missing     []string
-	open        string // the reply whose line is being printed
-	openText    string // the delta text printed on that line
+	open        string                // the reply whose line is being printed
+	openText    string                // the delta text printed on that line
+	together    map[string]groupKey   // reply_id -> its parallel group, for groups of several
+	groups      map[groupKey][]string // a group's reply ids, in plan order
+	announced   map[groupKey]bool     // groups whose "answering at once" line is printed
 }
+
+// groupKey names a parallel group of a plan: its speakers answer at once, their events
+// interleave, so their text is not streamed; each reply is printed whole when final.
+type groupKey struct{ round, group uint32 }
 
 // Run streams the turn through the client library (clients/go/client), which re-attaches,
 // resends StartRun and backs off as clients/conformance.md says, and yields each durable
 // event once, in seq order: this gateway only does what it does with each event.
 func (t *Turn) Run(ctx context.Context) error {
 	t.names, t.speakers, t.replies = map[string]string{}, map[string]string{}, map[string]*ReplyResult{}
+	t.together, t.groups, t.announced = map[string]groupKey{}, map[groupKey][]string{}, map[groupKey]bool{}
 	for _, m := range t.Request.GetSnapshot().GetMembers() {
 		t.names[m.GetMemberId()] = m.GetDisplayName()
 	}
@@ -113,7 +121,9 @@ func (t *Turn) Run(ctx context.Context) error {
 			return err
 		}
 		if d := ev.GetAssistantDelta(); d != nil { // live only, never replayed: just show it
-			t.printDelta(d)
+			if _, atOnce := t.together[d.GetReplyId()]; !atOnce {
+				t.printDelta(d)
+			}
 			continue
 		}
 		if err := t.apply(ev); err != nil {
@@ -177,9 +187,19 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 	case *roundtablev1.RunEvent_PlanCreated:
 		plan := p.PlanCreated
 		var who []string
+		size := map[groupKey]int{}
 		for _, s := range plan.GetSteps() {
 			t.speakers[s.GetReplyId()] = s.GetMemberId()
 			who = append(who, t.name(s.GetMemberId()))
+			if s.GetParallelGroup() > 0 {
+				size[groupKey{s.GetRound(), s.GetParallelGroup()}]++
+			}
+		}
+		for _, s := range plan.GetSteps() {
+			if k := (groupKey{s.GetRound(), s.GetParallelGroup()}); size[k] > 1 && t.together[s.GetReplyId()] != k {
+				t.together[s.GetReplyId()] = k
+				t.groups[k] = append(t.groups[k], s.GetReplyId())
+			}
 		}
 		if len(who) == 0 {
 			who = []string{"nobody"}
@@ -195,7 +215,11 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 	case *roundtablev1.RunEvent_SpeakerStarted:
 		s := p.SpeakerStarted
 		t.speakers[s.GetReplyId()] = s.GetMemberId()
-		t.startLine(s.GetReplyId(), s.GetAttempt())
+		if k, atOnce := t.together[s.GetReplyId()]; atOnce {
+			t.announce(k, s)
+		} else {
+			t.startLine(s.GetReplyId(), s.GetAttempt())
+		}
 	case *roundtablev1.RunEvent_AssistantFinal:
 		return t.persistReply(p.AssistantFinal)
 	case *roundtablev1.RunEvent_SpeakerFailed:
@@ -278,7 +302,9 @@ func (t *Turn) persistReply(f *roundtablev1.AssistantFinal) error {
 	}
 	r.Persisted = r.Persisted || stored
 
-	if t.open != f.GetReplyId() { // no speaker_started seen for it on this stream
+	if _, atOnce := t.together[f.GetReplyId()]; atOnce {
+		t.startLine(f.GetReplyId(), 0) // its whole reply, on a line of its own
+	} else if t.open != f.GetReplyId() { // no speaker_started seen for it on this stream
 		t.startLine(f.GetReplyId(), 0)
 	}
 	switch {
@@ -340,6 +366,23 @@ func (t *Turn) startLine(replyID string, attempt uint32) {
 	}
 	fmt.Fprintf(t.Out, "%s%s: ", t.name(t.speakers[replyID]), retry)
 	t.open, t.openText = replyID, ""
+}
+
+// announce prints, once per group, who answers at once (and any later attempt of one).
+func (t *Turn) announce(k groupKey, s *roundtablev1.SpeakerStarted) {
+	t.endLine()
+	if s.GetAttempt() > 1 {
+		fmt.Fprintf(t.Out, "   (%s: attempt %d)\n", t.name(s.GetMemberId()), s.GetAttempt())
+	}
+	if t.announced[k] {
+		return
+	}
+	t.announced[k] = true
+	var names []string
+	for _, replyID := range t.groups[k] {
+		names = append(names, t.name(t.speakers[replyID]))
+	}
+	fmt.Fprintf(t.Out, "── answering at once: %s\n", strings.Join(names, ", "))
 }
 
 func (t *Turn) printDelta(d *roundtablev1.AssistantDelta) {

@@ -467,3 +467,23 @@ async def test_go_unit_tests_pass() -> None:
     async with asyncio.timeout(600):
         out, _ = await proc.communicate()
     assert proc.returncode == 0, out.decode()
+
+
+async def test_speakers_answering_at_once_are_printed_readably_and_stored_once(
+    gateway_binary: Path, sidecars, tmp_path: Path
+) -> None:
+    server = await sidecars("rt")
+    db = tmp_path / "gateway.json"
+    run = await run_gateway(
+        gateway_binary, server, db, "-run-id", "par-1", "-parallel", "-text", "@all what now?"
+    )
+    s = run.summary
+    assert s["status"] == "completed"
+    assert [r["member_id"] for r in s["replies"]] == ROSTER, "replies in plan order"
+    lines = run.stdout.splitlines()
+    assert "── answering at once: Lin, Bo, Mei, Kai" in lines
+    names = dict(zip(("Lin", "Bo", "Mei", "Kai"), s["replies"], strict=True))
+    for name, reply in names.items():
+        # Each reply whole, on a line of its own (no interleaved half-lines of deltas).
+        assert lines.count(f"{name}: {reply['content']}") == 1, run.stdout
+    assert_each_reply_stored_once(db, "par-1", s["replies"])
