@@ -74,15 +74,17 @@ test-llm: venv ## The real-model tests (tests/real_model) against llama-server, 
 test-collector: venv $(OTELCOL) ## The trace tests against the real OTel Collector (builds it first)
 	ROUNDTABLE_OTELCOL=$(OTELCOL) $(PY) -m pytest -m collector $(ARGS)
 
-generate: venv tools ## Regenerate Python and Go code from proto/ (buf.gen.yaml)
+generate: venv tools ## Regenerate the Go, Python (buf.gen.yaml) and TypeScript (clients/ts/buf.gen.yaml) code of proto/
 	BUF="$(BUF)" scripts/generate.sh
+	$(MAKE) --no-print-directory generate-ts
 
-checkgenerate: venv tools ## Fail when generated code is not what proto/ generates
+checkgenerate: venv tools ## Fail when generated Go, Python or TypeScript code is not what proto/ generates
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	BUF="$(BUF)" scripts/generate.sh "$$tmp"; \
 	diff -r "$$tmp/clients/python/roundtable/v1" clients/python/roundtable/v1 -x __pycache__ && \
 	diff -r "$$tmp/clients/go/roundtable" clients/go/roundtable && \
 	echo "generated code is current"
+	$(MAKE) --no-print-directory checkgenerate-ts
 
 # The TypeScript client (clients/ts) and its example gateway (examples/gateway-ts): npm ci from
 # the lock files, protoc-gen-es from clients/ts/node_modules, buf as above.

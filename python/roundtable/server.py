@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
@@ -52,6 +52,7 @@ from roundtable.v1 import orchestrator_service_pb2 as pb
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
 def build_providers(settings: Settings) -> dict[str, ChatProvider]:
@@ -207,13 +208,23 @@ def _add_standard_services(server: grpc.aio.Server) -> HealthServicer:
     servicer, set SERVING once the server has started."""
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
+    names = (
+        SERVICE_NAME,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server)
+    # grpc.reflection.v1 as well, for clients that speak only v1 (`buf curl --reflect-protocol
+    # grpc-v1`): grpcio-reflection ships only v1alpha, and v1 is the same protocol under a
+    # new package (every message field for field), so one servicer answers both.
+    v1 = reflection.aio.ReflectionServicer(names)
+    answer = grpc.stream_stream_rpc_method_handler(
+        v1.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": answer}),)
     )
     return health
 

@@ -1,4 +1,5 @@
-"""A third-party client, grpcurl, finds everything through reflection and health alone.
+"""Third-party clients, grpcurl and buf curl, find everything through reflection and health
+alone (reflection v1alpha and v1).
 
 grpcurl has no copy of our .proto files: `list`, `describe` and the JSON StartRun all work
 from the server's reflection service. `make tools` installs grpcurl into .tools/bin; these
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,8 @@ def grpcurl() -> Path:
 
 
 async def run_grpcurl(binary: Path, *args: str) -> Result:
-    """Runs grpcurl with a timeout; returns its exit code and output."""
+    """Runs grpcurl (or another client binary) with a timeout; returns its exit code and
+    output."""
     process = await asyncio.create_subprocess_exec(
         str(binary),
         *args,
@@ -160,3 +163,27 @@ async def test_start_run_from_json_streams_a_count_off(server, grpcurl) -> None:
     assert payload_of(events[0], "run_started") is not None
     assert payload_of(events[-1], "run_completed") is not None
     assert {e.get("runId", e.get("run_id")) for e in events} == {"grpcurl-run-1"}
+
+
+@pytest.mark.parametrize("protocol", ["grpc-v1", "grpc-v1alpha"])
+async def test_a_strict_client_of_either_reflection_version_finds_and_calls_the_service(
+    server, protocol: str
+) -> None:
+    # buf curl with one reflection protocol only (its default tries v1, then v1alpha).
+    npx = shutil.which("npx")
+    if npx is None:
+        pytest.fail("npx is missing: install Node.js (buf runs as npx @bufbuild/buf)")
+    base = ["--yes", "@bufbuild/buf@1.75.0", "curl", "--protocol", "grpc"]
+    base += ["--http2-prior-knowledge", "--reflect-protocol", protocol]
+    url = f"http://{server.address}"
+    listed = await run_grpcurl(Path(npx), *base, "--list-methods", url)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{SERVICE}/StartRun" in listed.stdout.splitlines()
+    called = await run_grpcurl(
+        Path(npx),
+        *base,
+        "-d",
+        '{"run_id": "no-such-run", "tenant": "t"}',
+        f"{url}/{SERVICE}/GetRun",
+    )
+    assert called.returncode != 0 and '"code": "not_found"' in called.stderr, called.stderr
