@@ -263,3 +263,22 @@ async def test_a_supervisor_step_that_builds_on_the_others_waits_for_them(start_
     assert order[-2:] == [("speaker_started", "c"), ("assistant_final", "c")]
     said = "\n".join(m.content for m in provider.seen[-1].call.messages)
     assert "fine" in said, "the step after the group sees its replies"
+
+
+async def test_a_stop_turn_on_the_thread_acts_as_a_graceful_cancel(
+    stub: pb_grpc.OrchestratorServiceStub,
+) -> None:
+    request = parallel_request(
+        "@all go", roster(400, 400, 20, 20), "par-stop", max_parallel_speakers=2
+    )
+    call = stub.StartRun(request)
+    head = await read_until(call, lambda e: e.WhichOneof("payload") == "speaker_started")
+    head += await read_until(call, lambda e: e.WhichOneof("payload") == "speaker_started")
+    stop = parallel_request("停止", roster(400, 400, 20, 20), "par-stop-2")
+    stop.context.thread_id = request.context.thread_id
+    stopped = await collect(stub.StartRun(stop))
+    assert stopped[-1].WhichOneof("payload") == "run_completed", "nobody speaks in a stop turn"
+    events = head + await collect(call)
+    assert sorted(f.member_id for f in finals(events)) == ["a", "b"], "both finished"
+    assert len(of_kind(events, "speaker_started")) == 2, "c and d never started"
+    assert events[-1].run_cancelled.reason == "stop_directive"
