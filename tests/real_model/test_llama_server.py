@@ -174,7 +174,11 @@ async def test_memory_proposals_are_parsed_or_skipped_as_a_model_error(
     )
     events = await collect(stub.StartRun(request))
 
-    (attempt,) = audit(caplog, "rm-memory", "propose_memory")
+    # The last attempt is judged; one before it may have met a connection llama-server
+    # closed as it was reused (seen once in CI: "the server closed the connection
+    # mid-answer" after 3 ms), which the harness retries, as it should.
+    *retried, attempt = audit(caplog, "rm-memory", "propose_memory")
+    assert all(r["error_code"] == "MODEL_UNAVAILABLE" for r in retried), retried
     proposed = of_kind(events, "memory_proposed")
     print(f"\nmemory: {attempt['status']} {attempt['error_code']} proposed={len(proposed)}")
     assert (attempt["status"], attempt["error_code"]) in (
