@@ -14,6 +14,7 @@ from roundtable.domain.events import (
     MemoryAction,
     MemoryProposal,
     MemoryProposed,
+    PermissionRequired,
     PlanCreated,
     ReplySummary,
     RunCancelled,
@@ -25,6 +26,7 @@ from roundtable.domain.events import (
     TokenUsage,
 )
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, Route
+from roundtable.domain.tools import ToolCallSummary, ToolOutcome
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 
@@ -60,6 +62,19 @@ EVENTS: list[Event] = [
         usage=TokenUsage(120, 4, counted=True),
         finish_reason=FinishReason.REPLACED,
         attempts=3,
+        tool_calls=(
+            ToolCallSummary("run-1#2/1", "weather", ToolOutcome.OK),
+            ToolCallSummary("run-1#2/2", "note", ToolOutcome.EXPIRED),
+        ),
+    ),
+    PermissionRequired(
+        permission_request_id="run-1#2/2",
+        reply_id="run-1#2",
+        member_id="mei",
+        step=2,
+        tool_name="note",
+        arguments_json='{"text": "买牛奶", "n": 2}',
+        expires_at=1_780_000_000.25,
     ),
     SpeakerFailed(
         reply_id="run-1#3",
@@ -125,10 +140,11 @@ def test_a_big_event_is_framed_with_a_multi_byte_length() -> None:
 
 
 def test_an_event_kind_this_version_does_not_know_is_refused() -> None:
-    unknown = epb.RunEvent(run_id="run-1", seq=1)
-    unknown.permission_required.SetInParent()
+    # Every kind of this version's oneof is known; a newer version's kind arrives as an
+    # unknown field, which reads as no payload at all.
+    newer = epb.RunEvent(run_id="run-1", seq=1).SerializeToString() + bytes([0xAA, 0x01, 0x00])
     with pytest.raises(UnknownEvent):
-        decode(unknown.SerializeToString())
+        decode(newer)
 
 
 def _fields(event: AssistantFinal) -> dict[str, object]:

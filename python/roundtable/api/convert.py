@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from roundtable.api.limits import RequestLimits
 from roundtable.api.wire import ReceivedStartRun
-from roundtable.codec.events import plan_steps_to_proto, timestamp
+from roundtable.codec.events import permission_to_proto, plan_steps_to_proto, timestamp
 from roundtable.codec.fingerprint import fingerprint, legacy_fingerprint
+from roundtable.domain.events import PermissionRequired
 from roundtable.domain.snapshot import (
     OFFLINE_MODEL,
     Budgets,
@@ -34,6 +35,7 @@ from roundtable.domain.snapshot import (
     SpeakerConcurrency,
     UserTurn,
 )
+from roundtable.domain.tools import ApprovalPolicy, Tool, ToolServer
 from roundtable.runs.progress import Progress
 from roundtable.store.base import RunRecord, RunStatus
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -108,6 +110,11 @@ def snapshot_from_proto(
             speaker_concurrency=SpeakerConcurrency.PARALLEL
             if session.speaker_concurrency == spb.SPEAKER_CONCURRENCY_PARALLEL
             else SpeakerConcurrency.SEQUENTIAL,
+            tool_servers=tuple(
+                ToolServer(server_id=s.server_id, url=s.url, credential_ref=s.credential_ref)
+                for s in session.tool_servers
+            ),
+            tools=tuple(_tool(t) for t in session.tools),
         ),
         members=tuple(_member(m) for m in snapshot.members),
         history=tuple(
@@ -159,6 +166,23 @@ def _budgets(budgets: spb.Budgets, base: Budgets) -> Budgets:
         max_output_tokens=budgets.max_output_tokens or base.max_output_tokens,
         run_timeout_s=float(budgets.run_timeout_seconds or base.run_timeout_s),
         max_parallel_speakers=budgets.max_parallel_speakers or base.max_parallel_speakers,
+        max_tool_calls_per_speaker=budgets.max_tool_calls_per_speaker
+        or base.max_tool_calls_per_speaker,
+        approval_timeout_s=float(budgets.approval_timeout_seconds or base.approval_timeout_s),
+    )
+
+
+def _tool(tool: spb.Tool) -> Tool:
+    return Tool(
+        name=tool.name,
+        description=tool.description,
+        input_schema_json=tool.input_schema_json,
+        server_id=tool.server_id,
+        approval=ApprovalPolicy.ALWAYS
+        if tool.approval == spb.APPROVAL_POLICY_ALWAYS
+        else ApprovalPolicy.NEVER,
+        read_only=tool.read_only,
+        timeout_s=tool.timeout_ms / 1000 if tool.timeout_ms else None,
     )
 
 
@@ -201,6 +225,7 @@ def _member(member: spb.Member) -> Member:
             )
             for m in member.memories
         ),
+        tool_names=tuple(member.tool_names),
     )
 
 
@@ -214,12 +239,15 @@ _STATUS = {
     RunStatus.INTERRUPTED: pb.RUN_STATUS_INTERRUPTED,
     RunStatus.FAILED: pb.RUN_STATUS_FAILED,
     RunStatus.CONTINUED: pb.RUN_STATUS_CONTINUED,
+    RunStatus.AWAITING_APPROVAL: pb.RUN_STATUS_AWAITING_APPROVAL,
 }
 
 
-def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
-    """The contract's view of a run."""
-    return pb.Run(
+def run_to_proto(
+    record: RunRecord, progress: Progress, pending: Sequence[PermissionRequired] = ()
+) -> pb.Run:
+    """The contract's view of a run (with the permission requests still waiting)."""
+    run = pb.Run(
         run_id=record.run_id,
         thread_id=record.thread_id,
         tenant=record.tenant,
@@ -231,3 +259,6 @@ def run_to_proto(record: RunRecord, progress: Progress) -> pb.Run:
         updated_at=timestamp(record.updated_at),
         continued_by_run_id=record.continued_by,
     )
+    for request in pending:
+        run.pending_permissions.append(permission_to_proto(request))
+    return run

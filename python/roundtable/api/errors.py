@@ -12,6 +12,8 @@ from grpc_status import rpc_status
 from roundtable.domain.errors import (
     Draining,
     InvalidRequest,
+    PermissionDecided,
+    PermissionNotFound,
     RoundtableError,
     RunAlreadyExists,
     RunContinued,
@@ -49,6 +51,8 @@ WIRE: dict[type[RoundtableError], WireError] = {
     InvalidRequest: WireError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
     RunAlreadyExists: WireError(grpc.StatusCode.ALREADY_EXISTS, "RUN_ALREADY_EXISTS"),
     RunNotFound: WireError(grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND"),
+    PermissionNotFound: WireError(grpc.StatusCode.NOT_FOUND, "PERMISSION_NOT_FOUND"),
+    PermissionDecided: WireError(grpc.StatusCode.FAILED_PRECONDITION, "PERMISSION_DECIDED"),
     ThreadBusy: WireError(grpc.StatusCode.FAILED_PRECONDITION, "THREAD_BUSY"),
     StreamGap: WireError(grpc.StatusCode.FAILED_PRECONDITION, "STREAM_GAP"),
     RunContinued: WireError(grpc.StatusCode.FAILED_PRECONDITION, "RUN_CONTINUED"),

@@ -51,3 +51,18 @@ class RequestLimits:
     max_parallel_speakers: int = 16
     max_delta_window_ms: int = 1_000
     max_delta_bytes: int = 64 * KIB
+    max_tool_servers: int = 16
+    max_tools: int = 64
+    max_member_tools: int = 64
+    max_tool_description_bytes: int = 4 * KIB
+    max_tool_schema_bytes: int = 16 * KIB
+    max_tool_timeout_ms: int = 600_000
+    max_tool_url_chars: int = 2_048
+    max_tool_calls_per_speaker: int = 32
+    max_approval_timeout_s: int = 2_592_000
+    """30 days."""
+    max_tool_arguments_bytes: int = 64 * KIB
+    """Edited arguments of a ResolvePermission (and the model's, as permission_required
+    carries them)."""
+    max_permission_id_chars: int = 256
+    max_denial_reason_chars: int = 1_024

@@ -26,11 +26,13 @@ from roundtable.api import convert
 from roundtable.api.auth import Authenticator
 from roundtable.api.errors import to_grpc_status
 from roundtable.api.limits import RequestLimits
+from roundtable.api.validate_tools import validate_resolve
 from roundtable.api.validation import validate_cancel, validate_run_ids, validate_start_run
 from roundtable.api.wire import ReceivedStartRun
-from roundtable.codec.events import encode, kind_of
+from roundtable.codec.events import encode, kind_of, timestamp
 from roundtable.domain.errors import InvalidRequest, RoundtableError
 from roundtable.domain.snapshot import Budgets, DisconnectPolicy
+from roundtable.domain.tools import Verdict
 from roundtable.runs.live import Subscription
 from roundtable.runs.manager import RunManager
 from roundtable.telemetry.attributes import rpc_correlation, run_correlation
@@ -259,7 +261,39 @@ class OrchestratorServicer:
             self._admit_run(context, request.tenant, request.run_id, "GetRun")
             record, progress = await self.manager.describe(request.tenant, request.run_id)
             self._mark_run(request.tenant, request.run_id, "GetRun", record.thread_id)
-            return pb.GetRunResponse(run=convert.run_to_proto(record, progress))
+            pending = await self.manager.approvals.pending(request.tenant, request.run_id, progress)
+            return pb.GetRunResponse(run=convert.run_to_proto(record, progress, pending))
+
+        return await self._unary(context, call)
+
+    async def ResolvePermission(
+        self, request: pb.ResolvePermissionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResolvePermissionResponse:
+        """Records a decision on a permission request; the run goes on."""
+
+        async def call() -> pb.ResolvePermissionResponse:
+            violations = validate_resolve(request, self.limits)
+            if violations:
+                raise InvalidRequest(violations)
+            tenant, run_id = request.tenant, request.run_id
+            self._admit_run(context, tenant, run_id, "ResolvePermission", validated=True)
+            approve = request.decision == pb.PERMISSION_DECISION_APPROVE
+            result = await self.manager.approvals.resolve(
+                tenant,
+                run_id,
+                request.permission_request_id,
+                Verdict.APPROVE if approve else Verdict.DENY,
+                reason=request.reason,
+                edited_arguments_json=request.edited_arguments_json,
+            )
+            self._mark_run(tenant, run_id, "ResolvePermission", result.record.thread_id)
+            pending = await self.manager.approvals.pending(tenant, run_id, result.progress)
+            return pb.ResolvePermissionResponse(
+                decision=request.decision,
+                decided_at=timestamp(result.call.decided_at),
+                run=convert.run_to_proto(result.record, result.progress, pending),
+                resumed=result.resumed,
+            )
 
         return await self._unary(context, call)
 

@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from google.protobuf.message import DecodeError
 
 from roundtable.api.limits import RequestLimits
+from roundtable.api.validate_tools import validate_tool_budgets, validate_tools
 from roundtable.domain.errors import FieldViolation
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
@@ -188,6 +189,8 @@ def _snapshot(
                 "snapshot.session.speaker_concurrency",
                 "must be SEQUENTIAL or PARALLEL (or unset)",
             )
+        if session.tools or session.tool_servers or any(m.tool_names for m in members):
+            validate_tools(c, session, members, credentials)
 
     c.count("snapshot.history", len(history), limits.max_history)
     # Only the window Roundtable reads is validated message by message; the rest is only
@@ -306,6 +309,7 @@ def _budgets(c: _Collector, path: str, budgets: spb.Budgets) -> None:
         0,
         limits.max_parallel_speakers,
     )
+    validate_tool_budgets(c, path, budgets)
 
 
 def _options(c: _Collector, options: pb.RunOptions) -> None:

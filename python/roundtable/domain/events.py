@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, Route
+from roundtable.domain.tools import ToolCallSummary
 
 
 class FinishReason(StrEnum):
@@ -106,6 +107,8 @@ class AssistantFinal:
     usage: TokenUsage
     finish_reason: FinishReason
     attempts: int
+    tool_calls: tuple[ToolCallSummary, ...] = ()
+    """The reply's tool calls, in order: outcomes only, never arguments or results."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +121,22 @@ class SpeakerFailed:
     code: str
     message: str
     attempts: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PermissionRequired:
+    """A tool call waits for a person's decision (the run parks after it)."""
+
+    permission_request_id: str
+    """The call's idempotency key, `<reply_id>/<n>`."""
+    reply_id: str
+    member_id: str
+    step: int
+    tool_name: str
+    arguments_json: str
+    """As the model gave them: gateway content, like a reply (never logged or traced)."""
+    expires_at: float
+    """Seconds since the epoch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,11 +204,12 @@ Event = (
     | AssistantFinal
     | SpeakerFailed
     | MemoryProposed
+    | PermissionRequired
     | RunCancelled
     | RunCompleted
     | RunFailed
 )
-"""Every event a run can emit (permission_required is reserved and never emitted)."""
+"""Every event a run can emit."""
 
 TERMINAL_EVENTS = (RunCancelled, RunCompleted, RunFailed)
 """The events that end an execution of a run."""

@@ -12,6 +12,7 @@ from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
 
 from roundtable.domain.flags import flag
+from roundtable.domain.tools import Tool, ToolServer
 
 
 class SessionKind(StrEnum):
@@ -155,6 +156,21 @@ class Budgets:
         ),
     )
     """Speakers answering at once in a PARALLEL session."""
+    max_tool_calls_per_speaker: int = field(
+        default=4,
+        metadata=flag(
+            "default-max-tool-calls-per-speaker",
+            "Tool calls one speaker may make in a reply when the session sets no budget.",
+        ),
+    )
+    approval_timeout_s: float = field(
+        default=86_400.0,
+        metadata=flag(
+            "default-approval-timeout-seconds",
+            "How long a permission request waits for a decision when the session sets none.",
+        ),
+    )
+    """Past it, a waiting tool call counts as denied with the reason `expired`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +205,8 @@ class Member:
     model: ModelRef | None = None
     skills: tuple[Skill, ...] = ()
     memories: tuple[Memory, ...] = ()
+    tool_names: tuple[str, ...] = ()
+    """The tools (`Tool.name`) this member may call."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,6 +239,8 @@ class Session:
     budgets: Budgets = field(default_factory=Budgets)
     session_id: str = ""
     speaker_concurrency: SpeakerConcurrency = SpeakerConcurrency.SEQUENTIAL
+    tool_servers: tuple[ToolServer, ...] = ()
+    tools: tuple[Tool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,6 +263,20 @@ class Snapshot:
             if member.member_id == member_id:
                 return member
         raise KeyError(member_id)
+
+    def tools_of(self, member: Member) -> tuple[Tool, ...]:
+        """The tools the member may call, in the member's order."""
+        if not member.tool_names:
+            return ()
+        by_name = {tool.name: tool for tool in self.session.tools}
+        return tuple(by_name[name] for name in member.tool_names if name in by_name)
+
+    def tool_server(self, server_id: str) -> ToolServer:
+        """The tool server with this id; raises KeyError when there is none."""
+        for server in self.session.tool_servers:
+            if server.server_id == server_id:
+                return server
+        raise KeyError(server_id)
 
     def model_for(self, member: Member) -> ModelRef:
         """The member's own model, else the session's default."""

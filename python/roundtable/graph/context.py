@@ -10,6 +10,7 @@ the run's results instead of growing with the history.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -19,8 +20,10 @@ from opentelemetry import trace
 from roundtable.domain.events import Event, TokenUsage
 from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.domain.snapshot import RunRequest
+from roundtable.domain.tools import ToolCallRef, ToolCallStore, ToolResult
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
+from roundtable.harness.request import CallMeta
 from roundtable.telemetry.metrics import Metrics, no_metrics
 
 
@@ -78,6 +81,40 @@ class StopSignal:
         await asyncio.shield(self._waiter)
 
 
+class Parked(Exception):
+    """Raised when speakers wait for a person's decision on tool calls: the run's execution
+    ends here, holding nothing in memory, and resumes from those calls once decided."""
+
+    def __init__(self, call_keys: tuple[str, ...], expires_at: float) -> None:
+        super().__init__(", ".join(call_keys))
+        self.call_keys = call_keys
+        self.expires_at = expires_at
+        """When the first of the waiting calls expires (seconds since the epoch): the run
+        goes on then, with that call denied as `expired`."""
+
+
+class ToolCaller(Protocol):
+    """Runs one tool call through the tool harness (timeout, retry, breaker, audit, span)."""
+
+    async def call(self, ref: ToolCallRef, *, meta: CallMeta, token: str | None) -> ToolResult:
+        """Calls the tool once it is allowed to run.
+
+        Raises:
+            ToolError: the call failed before the tool answered (after its retries).
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolRuntime:
+    """What a member's tool calls need: the harness that sends them and the store that
+    records each one before it is sent and its result before the model sees it."""
+
+    caller: ToolCaller
+    store: ToolCallStore
+    clock: Callable[[], float] = time.time
+
+
 class Drained(Exception):
     """Raised at a speaker boundary when a graceful stop was requested."""
 
@@ -101,6 +138,8 @@ class Prior:
     """Whether memory_proposed is already in the log (it is not emitted twice)."""
     verdicts: Mapping[int, tuple[PlanSource, bool]] = field(default_factory=dict)
     """round -> (who planned it, whether the discussion was finished after it)."""
+    announced: frozenset[str] = frozenset()
+    """Permission requests already in the log (permission_required is not emitted twice)."""
 
     def usage_of(self, reply_ids: Iterable[str]) -> TokenUsage:
         """The tokens the logged finals of these replies report, summed."""
@@ -141,3 +180,5 @@ class GraphContext:
     tracer: trace.Tracer | None = None
     """Spans for nodes and speakers; None when nothing is traced (no span is even made)."""
     metrics: Metrics = field(default_factory=no_metrics)
+    tools: ToolRuntime | None = None
+    """None where no tool can run (a server built without one, unit tests)."""

@@ -25,13 +25,16 @@ from roundtable.domain.events import (
     TokenUsage,
 )
 from roundtable.domain.plan import PlanStep
+from roundtable.domain.snapshot import Member, ModelRef
+from roundtable.domain.tools import ToolCallSummary
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import check_count_off
 from roundtable.graph.memory_select import select_memories
 from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
+from roundtable.graph.tool_loop import BUDGET_SPENT, ToolLoop, tool_specs
 from roundtable.harness.request import CallMeta, ModelRequest
-from roundtable.models.base import ChatCall, ChatMessage, ChatResult, reply_char_bound
+from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ToolSpec, reply_char_bound
 from roundtable.telemetry.attributes import run_correlation
 
 COUNT_OFF_MAX_RETRIES = 2
@@ -107,6 +110,14 @@ class _Tally:
         self.answered_by = ""
         """The model of the last answer, once there is one."""
 
+        self.tool_loop: ToolLoop | None = None
+        """The speaker's tool calls, when it may make some."""
+
+    @property
+    def tool_calls(self) -> tuple[ToolCallSummary, ...]:
+        """The tool calls the reply made (this execution's and replayed ones)."""
+        return tuple(self.tool_loop.summaries) if self.tool_loop is not None else ()
+
     def answered(self, result: ChatResult) -> None:
         self.model_calls += result.attempts
         self.answered_by = result.model
@@ -157,18 +168,9 @@ async def _speak(
             )
         )
         texts.restart()
-        request = ModelRequest(
-            ref=ref,
-            call=ChatCall(
-                messages=messages, max_tokens=step.token_budget, temperature=ref.temperature
-            ),
-            meta=call_meta(ctx, caller_node),
-            credentials=ctx.credentials,
-            on_text=texts.on_text,
-            on_restart=texts.restart,
-        )
+        ask = _Asker(ctx, ref, step, texts, caller_node)
         try:
-            result = await ctx.harness.call(request)
+            result = await _answer(ctx, step, member, messages, ask, tally)
         except ModelError as exc:
             tally.model_calls += exc.attempts
             if number and tally.answered_by:
@@ -199,6 +201,70 @@ async def _speak(
     raise AssertionError("unreachable: the last attempt always returns")
 
 
+class _Asker:
+    """Asks the speaker's model through the harness, streaming its text as deltas."""
+
+    def __init__(
+        self, ctx: GraphContext, ref: ModelRef, step: PlanStep, texts: _TextStream, node: str
+    ) -> None:
+        self.ctx, self.ref, self.step, self.texts, self.node = ctx, ref, step, texts, node
+
+    async def __call__(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[ToolSpec, ...] = ()
+    ) -> ChatResult:
+        request = ModelRequest(
+            ref=self.ref,
+            call=ChatCall(
+                messages=messages,
+                max_tokens=self.step.token_budget,
+                temperature=self.ref.temperature,
+                tools=tools,
+            ),
+            meta=call_meta(self.ctx, self.node),
+            credentials=self.ctx.credentials,
+            on_text=self.texts.on_text,
+            on_restart=self.texts.restart,
+        )
+        return await self.ctx.harness.call(request)
+
+
+async def _answer(
+    ctx: GraphContext,
+    step: PlanStep,
+    member: Member,
+    messages: tuple[ChatMessage, ...],
+    ask: _Asker,
+    tally: _Tally,
+) -> ChatResult:
+    """The model's answer: one call, or, for a member with tools, the tool loop's last turn
+    (the turns before it, and their calls, replayed from the records when there are some).
+
+    Raises:
+        Parked: a call waits for a person's decision.
+    """
+    tools = ctx.request.snapshot.tools_of(member)
+    runtime = ctx.tools
+    if not tools or runtime is None or step.count_off_number:
+        return await ask(messages)
+    loop = await ToolLoop.open(ctx, runtime, step, member, call_meta(ctx, ask.node))
+    tally.tool_loop = loop
+    specs = tool_specs(tools)
+    turn = 1
+    while True:
+        calls = loop.recorded_turn(turn)
+        if not calls:
+            if loop.calls_made >= loop.budget:
+                return await ask((*messages, ChatMessage("user", BUDGET_SPENT)))
+            result = await ask(messages, specs)
+            if not result.tool_calls:
+                return result
+            tally.answered(result)
+            calls = await loop.record_turn(turn, result)
+        messages = (*messages, *await loop.run_turn(calls))
+        ask.texts.restart()  # text the model said beside its calls is not the reply
+        turn += 1
+
+
 async def _final(
     ctx: GraphContext, step: PlanStep, content: str, finish: FinishReason, tally: _Tally
 ) -> SpeakerOutcome:
@@ -212,6 +278,7 @@ async def _final(
             usage=tally.usage,
             finish_reason=finish,
             attempts=tally.model_calls,
+            tool_calls=tally.tool_calls,
         )
     )
     return SpeakerOutcome(_reply(step, content, failed=False), tally.usage)

@@ -48,6 +48,7 @@ from roundtable.domain.errors import (
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models import offline_script as script
+from roundtable.models import offline_tools
 from roundtable.models.base import ChatCall, ChatResult, TextSink
 
 _TOKEN = re.compile(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]+\s*|\s+")
@@ -278,7 +279,17 @@ class OfflineProvider:
             usage = TokenUsage(decision.input_tokens, decision.output_tokens)
             return ChatResult(parsed=parsed, usage=usage, model=name)
         decision = await model.decide(system, last_user, chars)
-        tokens = _TOKEN.findall(decision.text) or [decision.text]
+        text = decision.text
+        if call.tools:
+            planned = offline_tools.planned_call(messages, call.tools)
+            if planned is not None:
+                usage = TokenUsage(decision.input_tokens, 8)
+                return ChatResult(tool_calls=(planned,), usage=usage, model=name)
+        output_tokens = decision.output_tokens
+        quoted = offline_tools.answer_with_results(messages)
+        if quoted:
+            text, output_tokens = quoted, len(_TOKEN.findall(quoted))
+        tokens = _TOKEN.findall(text) or [text]
         budget = call.max_tokens or len(tokens)
         delay = model.knobs.token_delay_s
         for i, token in enumerate(tokens[:budget]):
@@ -288,7 +299,7 @@ class OfflineProvider:
                 on_text(token)
         return ChatResult(
             text="".join(tokens[:budget]),
-            usage=TokenUsage(decision.input_tokens, min(decision.output_tokens, budget)),
+            usage=TokenUsage(decision.input_tokens, min(output_tokens, budget)),
             finish_reason="length" if len(tokens) > budget else "stop",
             model=name,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from roundtable.runs.live import LiveRun
-from roundtable.store.base import ACTIVE, RESUMABLE, RunRecord
+from roundtable.store.base import ACTIVE, RESUMABLE, RunRecord, RunStatus
 
 
 class StartAction(enum.Enum):
@@ -37,6 +37,10 @@ def decide_start(
     if record.status in ACTIVE:
         # Leased elsewhere: follow. Otherwise the process that ran it is gone: resume.
         return StartAction.FOLLOW if record.leased_by_other(owner, now) else StartAction.LAUNCH
-    if record.status in RESUMABLE or failed_retryably:
+    if record.status in RESUMABLE or record.status is RunStatus.AWAITING_APPROVAL:
+        # A run waiting for approval that no process holds (its server stopped): it goes
+        # on here, and parks again at once if its call is still undecided.
+        return StartAction.LAUNCH
+    if failed_retryably:
         return StartAction.LAUNCH
     return StartAction.REPLAY

@@ -30,7 +30,15 @@ from roundtable.domain.events import (
 )
 from roundtable.domain.plan import DirectiveKind, Route
 from roundtable.domain.snapshot import SessionKind
-from roundtable.graph.context import Continuation, Drained, GraphContext, Prior, StopSignal
+from roundtable.graph.context import (
+    Continuation,
+    Drained,
+    GraphContext,
+    Parked,
+    Prior,
+    StopSignal,
+    ToolRuntime,
+)
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
 from roundtable.runs.continuation import claim_continuation
@@ -81,6 +89,9 @@ class Launch:
     resumed: bool
     wait_for: Callable[[], Awaitable[Any]] | None
     """Waits until the thread's busy runs (here or on other replicas) have ended."""
+    unparks: bool = False
+    """The run waited for approval: this execution goes on with the one that parked it
+    (no run_started: the log's last execution has not ended)."""
 
 
 async def _until_stopped(waiting: Awaitable[Any], stop: StopSignal) -> None:
@@ -111,8 +122,11 @@ class Executor:
         durability: str = "exit",
         tracer: trace.Tracer | None = None,
         metrics: Metrics | None = None,
+        tools: ToolRuntime | None = None,
     ) -> None:
         self.graph = graph
+        self.tools = tools
+        """How members' tool calls run and are recorded; None: no member calls a tool."""
         self.harness = harness
         self.log = log
         self.coordination = coordination
@@ -170,12 +184,18 @@ class Executor:
         sink = RunSink(live, self.log.store, self.coordination, first_seq=record.last_seq)
         keeper = self.coordination.attend(live, sink)
         status = RunStatus.FAILED
+        wake_at = 0.0
         try:
             state = await self._through_graph(live, launch, sink)
             if state is None:
                 return  # taken over by another replica before the graph started
             await sink.emit(_completed(state, live.progress))
             status = RunStatus.SUCCEEDED
+        except Parked as parked:
+            # Waiting for a person: no terminal event (the execution goes on once a decision
+            # is recorded); the checkpoint is written and nothing of the graph stays.
+            status = RunStatus.AWAITING_APPROVAL
+            wake_at = parked.expires_at
         except Drained as stop:
             await sink.emit(_cancelled(stop.reason, live.progress))
             # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
@@ -217,7 +237,7 @@ class Executor:
             if keeper is not None:
                 keeper.cancel()
             sink.flush()
-            await self._finish(live, status)
+            await self._finish(live, status, launch, wake_at)
 
     async def _through_graph(
         self, live: LiveRun, launch: Launch, sink: RunSink
@@ -236,6 +256,8 @@ class Executor:
         if launch.wait_for is not None:
             await self._wait_turn(live, launch.wait_for, sink, started)
         continuation = None
+        if launch.unparks:
+            return await self._invoke(live, launch, self._context(live, launch, sink, None))
         if launch.directive.kind is DirectiveKind.CONTINUE and not live.progress.steps:
             # Claimed only now, once the run may start: a continue turn queued behind
             # another run takes over whatever is left when its turn comes.
@@ -285,7 +307,9 @@ class Executor:
                 rounds=progress.rounds,
                 memory_proposed=progress.memory_proposed,
                 verdicts=dict(progress.verdicts),
+                announced=frozenset(progress.permissions),
             ),
+            tools=self.tools,
             continuation=continuation,
             tracer=self.tracer,
             metrics=self.metrics,
@@ -320,7 +344,9 @@ class Executor:
             live.take_back_interrupts()
         return state
 
-    async def _finish(self, live: LiveRun, status: RunStatus) -> None:
+    async def _finish(
+        self, live: LiveRun, status: RunStatus, launch: Launch, wake_at: float = 0.0
+    ) -> None:
         """Writes the run's final row (unless another replica owns it now) and lets it go."""
         record = live.record
         if self.checkpoints is not None:
@@ -337,7 +363,10 @@ class Executor:
                         record.run_id,
                         status.value,
                     )
-        self.registry.forget(live)
+        if status is RunStatus.AWAITING_APPROVAL and not live.lease_lost:
+            self.registry.park(live, launch, wake_at)
+        else:
+            self.registry.forget(live)
 
 
 def _completed(state: dict[str, Any], progress: Progress) -> RunCompleted:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -25,10 +26,17 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from roundtable.codec.fingerprint import is_current
-from roundtable.domain.errors import Draining, RunAlreadyExists, RunNotFound, StreamGap
+from roundtable.domain.errors import (
+    Draining,
+    RunAlreadyExists,
+    RunNotFound,
+    StreamGap,
+    TooManyRuns,
+)
 from roundtable.domain.events import Envelope
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.directives import classify
+from roundtable.runs.approvals import Approvals
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.decisions import StartAction, decide_start
 from roundtable.runs.execution import Executor, Launch
@@ -87,6 +95,10 @@ class RunManager:
         self.lease_s = lease_s
         self.owner = coordination.owner
         self._lock = asyncio.Lock()
+        self.approvals = Approvals(log=log, registry=registry, unpark=self._unpark)
+        registry.on_wake = self._wake
+        self._waking: set[asyncio.Task[bool]] = set()
+        """Decisions on permission requests (ResolvePermission) and the waiting ones."""
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -190,11 +202,13 @@ class RunManager:
                 _check_fingerprint(raced, request, legacy)
                 return self._follow_start(raced, request, credentials, legacy)
             prior: list[Envelope] = []
+            unparks = False
         else:
             if not await self.log.store.acquire_lease(
                 ctx.tenant, ctx.run_id, self.owner, self.lease_s
             ):
                 return await self._lost_race(record, request, credentials, legacy)
+            unparks = record.status is RunStatus.AWAITING_APPROVAL
             prior = await self._reopen(record)
         live = LiveRun(
             request=request,
@@ -209,7 +223,11 @@ class RunManager:
         # executions' events first, so a gateway that lost them loses nothing.
         subscription = live.subscribe(0, head=prior)
         launch = Launch(
-            credentials=credentials, directive=directive, resumed=bool(prior), wait_for=wait_for
+            credentials=credentials,
+            directive=directive,
+            resumed=bool(prior),
+            wait_for=wait_for,
+            unparks=unparks,
         )
         self.executor.launch(live, launch)
         return subscription
@@ -251,7 +269,9 @@ class RunManager:
         """A resumed run's log, closed first if its last execution died mid-way; the run
         is marked running again."""
         prior = await self.log.read(record.tenant, record.run_id)
-        if prior and not prior[-1].terminal:
+        # A run that waited for approval did not die: its execution goes on (unparks).
+        waited = record.status is RunStatus.AWAITING_APPROVAL
+        if prior and not prior[-1].terminal and not waited:
             # The execution before this one died mid-way (a crash, a kill, a lost replica):
             # its end goes in the log first, so that every execution there ends in a
             # terminal event, as the contract says.
@@ -327,10 +347,19 @@ class RunManager:
         live = self.registry.get(tenant, run_id)
         if live is not None:
             live.stop.request(reason or "cancel_requested")
-            if immediate:
+            if self.registry.parked(tenant, run_id) is not None:
+                # Waiting for a person: its calls count as denied, and it goes on to
+                # its end (run_cancelled) at the boundary where it waits.
+                await self.approvals.cancel_waiting(tenant, run_id)
+                await self._unpark(live)
+            elif immediate:
                 live.interrupt_graph()
             return CancelResult(True, live.record, live.progress)
         record, progress = await self.describe(tenant, run_id)
+        if record.status is RunStatus.AWAITING_APPROVAL:
+            # No process holds it (its server stopped): it ends at its next StartRun.
+            await self.approvals.cancel_waiting(tenant, run_id)
+            return CancelResult(True, record, progress)
         if record.status in ACTIVE and record.leased_by_other(self.owner, time.time()):
             # Another replica runs it: record the cancel there; it stops at its next
             # speaker boundary (an immediate cancel within a third of a lease).
@@ -355,6 +384,33 @@ class RunManager:
         if record is None:
             raise RunNotFound(run_id)
         return record, await self.log.progress(record)
+
+    def _wake(self, live: LiveRun) -> None:
+        """A parked run's request expired: it goes on (the call counts as expired)."""
+        task = asyncio.create_task(self._unpark(live))
+        self._waking.add(task)
+        task.add_done_callback(self._waking.discard)
+
+    async def _unpark(self, live: LiveRun) -> bool:
+        """Resumes a run parked here for approval (a decision came, or a cancel); False
+        when it cannot start now (no room: it stays parked, the decision is recorded)."""
+        async with self._lock:
+            if self.registry.parked(*live.key) is None:
+                return True  # resumed already (two decisions at once)
+            try:
+                launch = self.registry.unpark(live)
+            except TooManyRuns:
+                return False
+            record = live.record
+            await self.log.store.acquire_lease(
+                record.tenant, record.run_id, self.owner, self.lease_s
+            )
+            record.status = RunStatus.RUNNING
+            await self.log.store.update_run(record)
+            self.executor.launch(
+                live, dataclasses.replace(launch, resumed=True, unparks=True, wait_for=None)
+            )
+            return True
 
     # -- shutting down ----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from roundtable.domain.events import (
     Envelope,
     Event,
     MemoryProposed,
+    PermissionRequired,
     PlanCreated,
     SpeakerFailed,
     TokenUsage,
@@ -34,6 +35,8 @@ class Progress:
     memory_proposed: bool = False
     verdicts: dict[int, tuple[PlanSource, bool]] = field(default_factory=dict)
     """round -> (who planned it, whether the discussion was finished after it)."""
+    permissions: dict[str, PermissionRequired] = field(default_factory=dict)
+    """The permission requests in the log, by id (whether decided is the store's to say)."""
 
     @classmethod
     def of(cls, envelopes: Iterable[Envelope]) -> Progress:
@@ -54,6 +57,8 @@ class Progress:
             self.finished.setdefault(event.reply_id, None)
         elif isinstance(event, MemoryProposed):
             self.memory_proposed = True
+        elif isinstance(event, PermissionRequired):
+            self.permissions[event.permission_request_id] = event
 
     def _plan(
         self, round_: int, source: PlanSource, converged: bool, steps: Iterable[PlanStep]

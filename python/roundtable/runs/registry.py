@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from roundtable.domain.errors import TooManyRuns
 from roundtable.domain.limits import RunLimits
 from roundtable.runs.live import LiveRun
 from roundtable.runs.threads import LocalRun
+
+if TYPE_CHECKING:
+    from roundtable.runs.execution import Launch
 
 SHUTDOWN_REASON = "server_shutdown"
 """The stop reason of runs a draining server interrupts (they resume on the same StartRun)."""
@@ -23,6 +29,13 @@ class LiveRegistry:
         self._threads: dict[tuple[str, str], list[LiveRun]] = {}
         """Each thread's live runs in this process, oldest first."""
         self._per_tenant: Counter[str] = Counter()
+        self._parked: dict[tuple[str, str], Launch] = {}
+        """Runs waiting for a person's decision, with how they were launched (their
+        credentials stay in memory, never stored): found by key, streams attached, but
+        no task, no graph, and no place among the runs executing."""
+        self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self.on_wake: Callable[[LiveRun], object] | None = None
+        """Called when a parked run's first request expires (the manager resumes it)."""
         self.draining = False
         """Set once the server shuts down: no run starts any more."""
 
@@ -37,8 +50,9 @@ class LiveRegistry:
 
     def check_capacity(self, tenant: str) -> None:
         """Raises TooManyRuns when one more run would pass a limit."""
-        if len(self._live) >= self.limits.max_runs:
-            raise TooManyRuns(f"{len(self._live)} runs in this process")
+        executing = len(self._live) - len(self._parked)
+        if executing >= self.limits.max_runs:
+            raise TooManyRuns(f"{executing} runs in this process")
         if self._per_tenant[tenant] >= self.limits.max_runs_per_tenant:
             raise TooManyRuns(f"{self._per_tenant[tenant]} runs of this tenant")
 
@@ -48,10 +62,46 @@ class LiveRegistry:
         self._live[live.key] = live
         self._threads.setdefault(live.thread_key, []).append(live)
 
+    def park(self, live: LiveRun, launch: Launch, wake_at: float) -> None:
+        """Keeps a run whose execution parked for approval: its streams stay attached (idle)
+        and it gives up its place among the runs executing. At `wake_at` (its first
+        request's expiry) `on_wake` resumes it: one timer, no task, per waiting run."""
+        if self._live.get(live.key) is live and live.key not in self._parked:
+            self._per_tenant[live.record.tenant] -= 1
+            self._parked[live.key] = launch
+        live.task = None
+        if self.on_wake is not None and wake_at:
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, wake_at - time.time())
+            self._timers[live.key] = loop.call_later(delay, self.on_wake, live)
+
+    def parked(self, tenant: str, run_id: str) -> Launch | None:
+        """How a parked run was launched, when this process holds it parked."""
+        return self._parked.get((tenant, run_id))
+
+    def unpark(self, live: LiveRun) -> Launch:
+        """Takes a parked run back among the runs executing (its decision came).
+
+        Raises:
+            TooManyRuns: the process or the tenant runs as many runs as it may.
+            KeyError: the run is not parked here.
+        """
+        launch = self._parked[live.key]
+        self.check_capacity(live.record.tenant)
+        del self._parked[live.key]
+        timer = self._timers.pop(live.key, None)
+        if timer is not None:
+            timer.cancel()
+        self._per_tenant[live.record.tenant] += 1
+        return launch
+
     def forget(self, live: LiveRun) -> None:
         """Unregisters a run whose execution ended, and ends its streams."""
-        if self._live.pop(live.key, None) is live:
+        if self._live.pop(live.key, None) is live and self._parked.pop(live.key, None) is None:
             self._per_tenant[live.record.tenant] -= 1
+        timer = self._timers.pop(live.key, None)
+        if timer is not None:
+            timer.cancel()
         runs = self._threads.get(live.thread_key)
         if runs is not None and live in runs:
             runs.remove(live)
@@ -62,6 +112,9 @@ class LiveRegistry:
     async def drain(self, grace_s: float) -> None:
         """Stops taking runs, lets live ones reach a speaker boundary, interrupts the rest."""
         self.draining = True
+        for key in list(self._parked):
+            # Nothing runs: its streams end (send the same StartRun, here or elsewhere).
+            self.forget(self._live[key])
         runs = list(self._live.values())
         for live in runs:
             live.stop.request(SHUTDOWN_REASON)
@@ -74,4 +127,4 @@ class LiveRegistry:
         await asyncio.gather(*pending, return_exceptions=True)
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._live) - len(self._parked)

@@ -14,6 +14,8 @@ from typing import Protocol
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
+from roundtable.domain.tools import ToolCallStore
+
 
 class RunStatus(StrEnum):
     """Where a run is in its life (mirrors the contract's RunStatus)."""
@@ -25,6 +27,7 @@ class RunStatus(StrEnum):
     INTERRUPTED = "interrupted"
     FAILED = "failed"
     CONTINUED = "continued"
+    AWAITING_APPROVAL = "awaiting_approval"
 
     @property
     def is_terminal(self) -> bool:
@@ -101,7 +104,7 @@ class StoredEvent:
     body: bytes
 
 
-class RunStore(Protocol):
+class RunStore(ToolCallStore, Protocol):
     """What the runs layer needs from storage. Every call commits before it returns."""
 
     @property

@@ -41,6 +41,7 @@ from roundtable.store.schema import (
     create_tables,
 )
 from roundtable.store.statements import EVENT_COLUMNS, EVENT_VALUES, Statements, event_params
+from roundtable.store.tool_calls import SqlToolCalls, ToolStatements
 
 POSTGRES = Dialect(
     name="postgres",
@@ -94,10 +95,11 @@ async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(statement)
 
 
-class PostgresRunStore(SqlRegistry):
+class PostgresRunStore(SqlRegistry, SqlToolCalls):
     """Run registry and event log in Postgres, over one async connection pool."""
 
     sql = Statements.for_dialect(POSTGRES)
+    tool_sql = ToolStatements.for_dialect(POSTGRES)
 
     def __init__(
         self,

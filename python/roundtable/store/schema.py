@@ -130,11 +130,42 @@ EVENTS = Table(
 )
 """The event log: each run's events in wire form, read back in `seq` order."""
 
-TABLES = (RUNS, EVENTS)
+TOOL_CALLS = Table(
+    "rt_tool_calls",
+    columns=(
+        Column("tenant", ColumnType.TEXT),
+        Column("run_id", ColumnType.TEXT),
+        Column("call_key", ColumnType.TEXT),
+        Column("reply_id", ColumnType.TEXT),
+        Column("n", ColumnType.INTEGER),
+        Column("turn", ColumnType.INTEGER),
+        Column("tool", ColumnType.TEXT),
+        Column("model_call_id", ColumnType.TEXT),
+        Column("arguments_json", ColumnType.TEXT),
+        Column("needs_approval", ColumnType.INTEGER),
+        Column("status", ColumnType.TEXT),
+        Column("verdict", ColumnType.TEXT, "''"),
+        Column("reason", ColumnType.TEXT, "''"),
+        Column("edited_arguments_json", ColumnType.TEXT, "''"),
+        Column("expires_at", ColumnType.REAL, "0"),
+        Column("decided_at", ColumnType.REAL, "0"),
+        Column("result_text", ColumnType.TEXT, "''"),
+        Column("outcome", ColumnType.TEXT, "''"),
+        Column("attempts", ColumnType.INTEGER, "0"),
+        Column("created_at", ColumnType.REAL),
+        Column("updated_at", ColumnType.REAL),
+    ),
+    primary_key=("tenant", "run_id", "call_key"),
+    clustered=True,
+)
+"""Each tool call of a run: asked for, decided, sent and answered (`ToolCallRecord`)."""
+
+TABLES = (RUNS, EVENTS, TOOL_CALLS)
 
 INDEXES = (
     Index("rt_runs_thread", RUNS.name, ("tenant", "thread_id", "created_at")),
     Index("rt_runs_continued", RUNS.name, ("tenant", "continued_by")),
+    Index("rt_tool_calls_expiry", TOOL_CALLS.name, ("verdict", "needs_approval", "expires_at")),
 )
 
 

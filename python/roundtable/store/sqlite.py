@@ -51,6 +51,7 @@ from roundtable.store.schema import (
     create_tables,
 )
 from roundtable.store.statements import Statements, event_params
+from roundtable.store.tool_calls import SqlToolCalls, ToolStatements
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-class SqliteRunStore(SqlRegistry):
+class SqliteRunStore(SqlRegistry, SqlToolCalls):
     """Run registry and event log in SQLite. Autocommit: each statement is its own commit.
 
     The methods are coroutines (the `RunStore` protocol) that do not await (a write waits
@@ -171,6 +172,7 @@ class SqliteRunStore(SqlRegistry):
     """
 
     sql = Statements.for_dialect(SQLITE)
+    tool_sql = ToolStatements.for_dialect(SQLITE)
 
     def __init__(
         self,

@@ -89,7 +89,7 @@ _TEMPLATES = Statements(
         "AND (owner='' OR owner=:owner OR lease_until<:now) "
         # A run a continue turn took over is never run again, nor one that ended;
         # a failed one only when it failed retryably (the manager checks the log).
-        "AND status IN ('running','queued','cancelled','interrupted','failed')"
+        "AND status IN ('running','queued','cancelled','interrupted','failed','awaiting_approval')"
     ),
     renew_lease=(
         "UPDATE rt_runs SET lease_until=:lease_until "

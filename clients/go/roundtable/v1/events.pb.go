@@ -280,6 +280,69 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{3}
 }
 
+// ToolCallOutcome says how a tool call ended.
+type ToolCallOutcome int32
+
+const (
+	// Never sent.
+	ToolCallOutcome_TOOL_CALL_OUTCOME_UNSPECIFIED ToolCallOutcome = 0
+	// The tool ran and answered.
+	ToolCallOutcome_TOOL_CALL_OUTCOME_OK ToolCallOutcome = 1
+	// A person denied it, or the run was cancelled while it waited (the member
+	// was told the reason).
+	ToolCallOutcome_TOOL_CALL_OUTCOME_DENIED ToolCallOutcome = 2
+	// Nobody decided before its permission request expired.
+	ToolCallOutcome_TOOL_CALL_OUTCOME_EXPIRED ToolCallOutcome = 3
+	// The tool reported an error, or could not be reached after its retries;
+	// the member was told and answered without its result.
+	ToolCallOutcome_TOOL_CALL_OUTCOME_FAILED ToolCallOutcome = 4
+)
+
+// Enum value maps for ToolCallOutcome.
+var (
+	ToolCallOutcome_name = map[int32]string{
+		0: "TOOL_CALL_OUTCOME_UNSPECIFIED",
+		1: "TOOL_CALL_OUTCOME_OK",
+		2: "TOOL_CALL_OUTCOME_DENIED",
+		3: "TOOL_CALL_OUTCOME_EXPIRED",
+		4: "TOOL_CALL_OUTCOME_FAILED",
+	}
+	ToolCallOutcome_value = map[string]int32{
+		"TOOL_CALL_OUTCOME_UNSPECIFIED": 0,
+		"TOOL_CALL_OUTCOME_OK":          1,
+		"TOOL_CALL_OUTCOME_DENIED":      2,
+		"TOOL_CALL_OUTCOME_EXPIRED":     3,
+		"TOOL_CALL_OUTCOME_FAILED":      4,
+	}
+)
+
+func (x ToolCallOutcome) Enum() *ToolCallOutcome {
+	p := new(ToolCallOutcome)
+	*p = x
+	return p
+}
+
+func (x ToolCallOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ToolCallOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_roundtable_v1_events_proto_enumTypes[4].Descriptor()
+}
+
+func (ToolCallOutcome) Type() protoreflect.EnumType {
+	return &file_roundtable_v1_events_proto_enumTypes[4]
+}
+
+func (x ToolCallOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ToolCallOutcome.Descriptor instead.
+func (ToolCallOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{4}
+}
+
 // MemoryAction is what a memory proposal wants done.
 type MemoryAction int32
 
@@ -321,11 +384,11 @@ func (x MemoryAction) String() string {
 }
 
 func (MemoryAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_roundtable_v1_events_proto_enumTypes[4].Descriptor()
+	return file_roundtable_v1_events_proto_enumTypes[5].Descriptor()
 }
 
 func (MemoryAction) Type() protoreflect.EnumType {
-	return &file_roundtable_v1_events_proto_enumTypes[4]
+	return &file_roundtable_v1_events_proto_enumTypes[5]
 }
 
 func (x MemoryAction) Number() protoreflect.EnumNumber {
@@ -334,7 +397,7 @@ func (x MemoryAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MemoryAction.Descriptor instead.
 func (MemoryAction) EnumDescriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{5}
 }
 
 // RunEvent is one thing that happened in a run. A run's events form one
@@ -579,7 +642,7 @@ type RunEvent_MemoryProposed struct {
 }
 
 type RunEvent_PermissionRequired struct {
-	// Reserved for tool approval; not emitted by this version.
+	// A tool call waits for a person's decision (ResolvePermission).
 	PermissionRequired *PermissionRequired `protobuf:"bytes,17,opt,name=permission_required,json=permissionRequired,proto3,oneof"`
 }
 
@@ -1150,8 +1213,12 @@ type AssistantFinal struct {
 	// model calls and their output tokens in `usage` were counted by Roundtable,
 	// one streamed chunk as one token; false when every count was reported.
 	OutputTokensCounted bool `protobuf:"varint,9,opt,name=output_tokens_counted,json=outputTokensCounted,proto3" json:"output_tokens_counted,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The tool calls the reply made, in order: which tool and how each ended
+	// (never its arguments or result), so a gateway can show "Mei looked this
+	// up".
+	ToolCalls     []*ToolCallSummary `protobuf:"bytes,10,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AssistantFinal) Reset() {
@@ -1247,6 +1314,78 @@ func (x *AssistantFinal) GetOutputTokensCounted() bool {
 	return false
 }
 
+func (x *AssistantFinal) GetToolCalls() []*ToolCallSummary {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+// ToolCallSummary is one tool call of a reply.
+type ToolCallSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call's idempotency key "<reply_id>/<n>" (for a call that waited for
+	// approval, its permission_request_id).
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// The tool called.
+	ToolName string `protobuf:"bytes,2,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	// How it ended.
+	Outcome       ToolCallOutcome `protobuf:"varint,3,opt,name=outcome,proto3,enum=roundtable.v1.ToolCallOutcome" json:"outcome,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallSummary) Reset() {
+	*x = ToolCallSummary{}
+	mi := &file_roundtable_v1_events_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallSummary) ProtoMessage() {}
+
+func (x *ToolCallSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_roundtable_v1_events_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallSummary.ProtoReflect.Descriptor instead.
+func (*ToolCallSummary) Descriptor() ([]byte, []int) {
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ToolCallSummary) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ToolCallSummary) GetToolName() string {
+	if x != nil {
+		return x.ToolName
+	}
+	return ""
+}
+
+func (x *ToolCallSummary) GetOutcome() ToolCallOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return ToolCallOutcome_TOOL_CALL_OUTCOME_UNSPECIFIED
+}
+
 // SpeakerFailed says a speaker could not produce a reply after its retries
 // and failover. The run goes on with the next speaker.
 type SpeakerFailed struct {
@@ -1276,7 +1415,7 @@ type SpeakerFailed struct {
 
 func (x *SpeakerFailed) Reset() {
 	*x = SpeakerFailed{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[8]
+	mi := &file_roundtable_v1_events_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1427,7 @@ func (x *SpeakerFailed) String() string {
 func (*SpeakerFailed) ProtoMessage() {}
 
 func (x *SpeakerFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[8]
+	mi := &file_roundtable_v1_events_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1440,7 @@ func (x *SpeakerFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpeakerFailed.ProtoReflect.Descriptor instead.
 func (*SpeakerFailed) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{8}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SpeakerFailed) GetReplyId() string {
@@ -1371,7 +1510,7 @@ type MemoryProposal struct {
 
 func (x *MemoryProposal) Reset() {
 	*x = MemoryProposal{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[9]
+	mi := &file_roundtable_v1_events_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1522,7 @@ func (x *MemoryProposal) String() string {
 func (*MemoryProposal) ProtoMessage() {}
 
 func (x *MemoryProposal) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[9]
+	mi := &file_roundtable_v1_events_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1535,7 @@ func (x *MemoryProposal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryProposal.ProtoReflect.Descriptor instead.
 func (*MemoryProposal) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{9}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MemoryProposal) GetProposalId() string {
@@ -1461,7 +1600,7 @@ type MemoryProposed struct {
 
 func (x *MemoryProposed) Reset() {
 	*x = MemoryProposed{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[10]
+	mi := &file_roundtable_v1_events_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1612,7 @@ func (x *MemoryProposed) String() string {
 func (*MemoryProposed) ProtoMessage() {}
 
 func (x *MemoryProposed) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[10]
+	mi := &file_roundtable_v1_events_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1625,7 @@ func (x *MemoryProposed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryProposed.ProtoReflect.Descriptor instead.
 func (*MemoryProposed) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{10}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MemoryProposed) GetProposals() []*MemoryProposal {
@@ -1496,25 +1635,43 @@ func (x *MemoryProposed) GetProposals() []*MemoryProposal {
 	return nil
 }
 
-// PermissionRequired is reserved for tool calls that need a human's approval.
-// This version never emits it.
+// PermissionRequired asks a person to approve one tool call. It is committed
+// to the event log before it is sent, and the run then waits
+// (RUN_STATUS_AWAITING_APPROVAL) holding nothing in memory, for as long as
+// expires_at allows. Answer it with ResolvePermission, on any replica, even
+// after the server that emitted it stopped; GetRun lists the requests still
+// waiting. The run goes on from that call: the member gets the tool's result
+// (or the denial and its reason) and finishes its reply.
 type PermissionRequired struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Id of the approval request.
+	// Id of the request, the call's idempotency key "<reply_id>/<n>".
+	// ResolvePermission names it.
 	PermissionRequestId string `protobuf:"bytes,1,opt,name=permission_request_id,json=permissionRequestId,proto3" json:"permission_request_id,omitempty"`
 	// The member asking.
 	MemberId string `protobuf:"bytes,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
-	// The action to approve, for example a tool name.
+	// The tool to run (the same as tool_name).
 	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
-	// The action's arguments.
-	Arguments     *structpb.Struct `protobuf:"bytes,4,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// The call's arguments when the model gave a JSON object (see
+	// arguments_json for them exactly as given).
+	Arguments *structpb.Struct `protobuf:"bytes,4,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// The reply the call belongs to.
+	ReplyId string `protobuf:"bytes,5,opt,name=reply_id,json=replyId,proto3" json:"reply_id,omitempty"`
+	// The reply's step.
+	Step uint32 `protobuf:"varint,6,opt,name=step,proto3" json:"step,omitempty"`
+	// The tool to run (Tool.name).
+	ToolName string `protobuf:"bytes,7,opt,name=tool_name,json=toolName,proto3" json:"tool_name,omitempty"`
+	// The arguments exactly as the model gave them (JSON text, at most 64 KiB).
+	ArgumentsJson string `protobuf:"bytes,8,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	// When the request expires: a decision after it is too late, and the call
+	// counts as denied with the reason "expired".
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PermissionRequired) Reset() {
 	*x = PermissionRequired{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[11]
+	mi := &file_roundtable_v1_events_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1683,7 @@ func (x *PermissionRequired) String() string {
 func (*PermissionRequired) ProtoMessage() {}
 
 func (x *PermissionRequired) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[11]
+	mi := &file_roundtable_v1_events_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1696,7 @@ func (x *PermissionRequired) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PermissionRequired.ProtoReflect.Descriptor instead.
 func (*PermissionRequired) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{11}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PermissionRequired) GetPermissionRequestId() string {
@@ -1570,6 +1727,41 @@ func (x *PermissionRequired) GetArguments() *structpb.Struct {
 	return nil
 }
 
+func (x *PermissionRequired) GetReplyId() string {
+	if x != nil {
+		return x.ReplyId
+	}
+	return ""
+}
+
+func (x *PermissionRequired) GetStep() uint32 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *PermissionRequired) GetToolName() string {
+	if x != nil {
+		return x.ToolName
+	}
+	return ""
+}
+
+func (x *PermissionRequired) GetArgumentsJson() string {
+	if x != nil {
+		return x.ArgumentsJson
+	}
+	return ""
+}
+
+func (x *PermissionRequired) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 // RunCancelled ends a run that was stopped. The run can be continued: send
 // the same StartRun again, or a "continue" turn on the same thread.
 type RunCancelled struct {
@@ -1588,7 +1780,7 @@ type RunCancelled struct {
 
 func (x *RunCancelled) Reset() {
 	*x = RunCancelled{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[12]
+	mi := &file_roundtable_v1_events_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1792,7 @@ func (x *RunCancelled) String() string {
 func (*RunCancelled) ProtoMessage() {}
 
 func (x *RunCancelled) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[12]
+	mi := &file_roundtable_v1_events_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1805,7 @@ func (x *RunCancelled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCancelled.ProtoReflect.Descriptor instead.
 func (*RunCancelled) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{12}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RunCancelled) GetReason() string {
@@ -1652,7 +1844,7 @@ type ReplySummary struct {
 
 func (x *ReplySummary) Reset() {
 	*x = ReplySummary{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[13]
+	mi := &file_roundtable_v1_events_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1856,7 @@ func (x *ReplySummary) String() string {
 func (*ReplySummary) ProtoMessage() {}
 
 func (x *ReplySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[13]
+	mi := &file_roundtable_v1_events_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1869,7 @@ func (x *ReplySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplySummary.ProtoReflect.Descriptor instead.
 func (*ReplySummary) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{13}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReplySummary) GetReplyId() string {
@@ -1722,7 +1914,7 @@ type RunCompleted struct {
 
 func (x *RunCompleted) Reset() {
 	*x = RunCompleted{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[14]
+	mi := &file_roundtable_v1_events_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1734,7 +1926,7 @@ func (x *RunCompleted) String() string {
 func (*RunCompleted) ProtoMessage() {}
 
 func (x *RunCompleted) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[14]
+	mi := &file_roundtable_v1_events_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1747,7 +1939,7 @@ func (x *RunCompleted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCompleted.ProtoReflect.Descriptor instead.
 func (*RunCompleted) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{14}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunCompleted) GetReplies() []*ReplySummary {
@@ -1801,7 +1993,7 @@ type RunFailed struct {
 
 func (x *RunFailed) Reset() {
 	*x = RunFailed{}
-	mi := &file_roundtable_v1_events_proto_msgTypes[15]
+	mi := &file_roundtable_v1_events_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +2005,7 @@ func (x *RunFailed) String() string {
 func (*RunFailed) ProtoMessage() {}
 
 func (x *RunFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_events_proto_msgTypes[15]
+	mi := &file_roundtable_v1_events_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +2018,7 @@ func (x *RunFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFailed.ProtoReflect.Descriptor instead.
 func (*RunFailed) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{15}
+	return file_roundtable_v1_events_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunFailed) GetCode() string {
@@ -1909,7 +2101,7 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\n" +
 	"TokenUsage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x04R\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x02 \x01(\x04R\foutputTokens\"\xcf\x02\n" +
+	"\routput_tokens\x18\x02 \x01(\x04R\foutputTokens\"\x8e\x03\n" +
 	"\x0eAssistantFinal\x12\x19\n" +
 	"\breply_id\x18\x01 \x01(\tR\areplyId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +
@@ -1919,7 +2111,14 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\x05usage\x18\x06 \x01(\v2\x19.roundtable.v1.TokenUsageR\x05usage\x12@\n" +
 	"\rfinish_reason\x18\a \x01(\x0e2\x1b.roundtable.v1.FinishReasonR\ffinishReason\x12\x1a\n" +
 	"\battempts\x18\b \x01(\rR\battempts\x122\n" +
-	"\x15output_tokens_counted\x18\t \x01(\bR\x13outputTokensCounted\"\xa5\x01\n" +
+	"\x15output_tokens_counted\x18\t \x01(\bR\x13outputTokensCounted\x12=\n" +
+	"\n" +
+	"tool_calls\x18\n" +
+	" \x03(\v2\x1e.roundtable.v1.ToolCallSummaryR\ttoolCalls\"\x81\x01\n" +
+	"\x0fToolCallSummary\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x1b\n" +
+	"\ttool_name\x18\x02 \x01(\tR\btoolName\x128\n" +
+	"\aoutcome\x18\x03 \x01(\x0e2\x1e.roundtable.v1.ToolCallOutcomeR\aoutcome\"\xa5\x01\n" +
 	"\rSpeakerFailed\x12\x19\n" +
 	"\breply_id\x18\x01 \x01(\tR\areplyId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +
@@ -1939,12 +2138,18 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"importance\x12,\n" +
 	"\x12evidence_reply_ids\x18\a \x03(\tR\x10evidenceReplyIds\"M\n" +
 	"\x0eMemoryProposed\x12;\n" +
-	"\tproposals\x18\x01 \x03(\v2\x1d.roundtable.v1.MemoryProposalR\tproposals\"\xb4\x01\n" +
+	"\tproposals\x18\x01 \x03(\v2\x1d.roundtable.v1.MemoryProposalR\tproposals\"\xe2\x02\n" +
 	"\x12PermissionRequired\x122\n" +
 	"\x15permission_request_id\x18\x01 \x01(\tR\x13permissionRequestId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x16\n" +
 	"\x06action\x18\x03 \x01(\tR\x06action\x125\n" +
-	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructR\targuments\"\x8c\x01\n" +
+	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructR\targuments\x12\x19\n" +
+	"\breply_id\x18\x05 \x01(\tR\areplyId\x12\x12\n" +
+	"\x04step\x18\x06 \x01(\rR\x04step\x12\x1b\n" +
+	"\ttool_name\x18\a \x01(\tR\btoolName\x12%\n" +
+	"\x0earguments_json\x18\b \x01(\tR\rargumentsJson\x129\n" +
+	"\n" +
+	"expires_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x8c\x01\n" +
 	"\fRunCancelled\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12,\n" +
 	"\x12finished_reply_ids\x18\x02 \x03(\tR\x10finishedReplyIds\x126\n" +
@@ -1987,7 +2192,13 @@ const file_roundtable_v1_events_proto_rawDesc = "" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
 	"\x14FINISH_REASON_LENGTH\x10\x02\x12\x1a\n" +
-	"\x16FINISH_REASON_REPLACED\x10\x03*{\n" +
+	"\x16FINISH_REASON_REPLACED\x10\x03*\xa9\x01\n" +
+	"\x0fToolCallOutcome\x12!\n" +
+	"\x1dTOOL_CALL_OUTCOME_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14TOOL_CALL_OUTCOME_OK\x10\x01\x12\x1c\n" +
+	"\x18TOOL_CALL_OUTCOME_DENIED\x10\x02\x12\x1d\n" +
+	"\x19TOOL_CALL_OUTCOME_EXPIRED\x10\x03\x12\x1c\n" +
+	"\x18TOOL_CALL_OUTCOME_FAILED\x10\x04*{\n" +
 	"\fMemoryAction\x12\x1d\n" +
 	"\x19MEMORY_ACTION_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14MEMORY_ACTION_CREATE\x10\x01\x12\x18\n" +
@@ -2006,63 +2217,68 @@ func file_roundtable_v1_events_proto_rawDescGZIP() []byte {
 	return file_roundtable_v1_events_proto_rawDescData
 }
 
-var file_roundtable_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_roundtable_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_roundtable_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_roundtable_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_roundtable_v1_events_proto_goTypes = []any{
 	(Route)(0),                    // 0: roundtable.v1.Route
 	(DirectiveKind)(0),            // 1: roundtable.v1.DirectiveKind
 	(PlanSource)(0),               // 2: roundtable.v1.PlanSource
 	(FinishReason)(0),             // 3: roundtable.v1.FinishReason
-	(MemoryAction)(0),             // 4: roundtable.v1.MemoryAction
-	(*RunEvent)(nil),              // 5: roundtable.v1.RunEvent
-	(*RunStarted)(nil),            // 6: roundtable.v1.RunStarted
-	(*PlanCreated)(nil),           // 7: roundtable.v1.PlanCreated
-	(*PlanStep)(nil),              // 8: roundtable.v1.PlanStep
-	(*SpeakerStarted)(nil),        // 9: roundtable.v1.SpeakerStarted
-	(*AssistantDelta)(nil),        // 10: roundtable.v1.AssistantDelta
-	(*TokenUsage)(nil),            // 11: roundtable.v1.TokenUsage
-	(*AssistantFinal)(nil),        // 12: roundtable.v1.AssistantFinal
-	(*SpeakerFailed)(nil),         // 13: roundtable.v1.SpeakerFailed
-	(*MemoryProposal)(nil),        // 14: roundtable.v1.MemoryProposal
-	(*MemoryProposed)(nil),        // 15: roundtable.v1.MemoryProposed
-	(*PermissionRequired)(nil),    // 16: roundtable.v1.PermissionRequired
-	(*RunCancelled)(nil),          // 17: roundtable.v1.RunCancelled
-	(*ReplySummary)(nil),          // 18: roundtable.v1.ReplySummary
-	(*RunCompleted)(nil),          // 19: roundtable.v1.RunCompleted
-	(*RunFailed)(nil),             // 20: roundtable.v1.RunFailed
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 22: google.protobuf.Struct
+	(ToolCallOutcome)(0),          // 4: roundtable.v1.ToolCallOutcome
+	(MemoryAction)(0),             // 5: roundtable.v1.MemoryAction
+	(*RunEvent)(nil),              // 6: roundtable.v1.RunEvent
+	(*RunStarted)(nil),            // 7: roundtable.v1.RunStarted
+	(*PlanCreated)(nil),           // 8: roundtable.v1.PlanCreated
+	(*PlanStep)(nil),              // 9: roundtable.v1.PlanStep
+	(*SpeakerStarted)(nil),        // 10: roundtable.v1.SpeakerStarted
+	(*AssistantDelta)(nil),        // 11: roundtable.v1.AssistantDelta
+	(*TokenUsage)(nil),            // 12: roundtable.v1.TokenUsage
+	(*AssistantFinal)(nil),        // 13: roundtable.v1.AssistantFinal
+	(*ToolCallSummary)(nil),       // 14: roundtable.v1.ToolCallSummary
+	(*SpeakerFailed)(nil),         // 15: roundtable.v1.SpeakerFailed
+	(*MemoryProposal)(nil),        // 16: roundtable.v1.MemoryProposal
+	(*MemoryProposed)(nil),        // 17: roundtable.v1.MemoryProposed
+	(*PermissionRequired)(nil),    // 18: roundtable.v1.PermissionRequired
+	(*RunCancelled)(nil),          // 19: roundtable.v1.RunCancelled
+	(*ReplySummary)(nil),          // 20: roundtable.v1.ReplySummary
+	(*RunCompleted)(nil),          // 21: roundtable.v1.RunCompleted
+	(*RunFailed)(nil),             // 22: roundtable.v1.RunFailed
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 24: google.protobuf.Struct
 }
 var file_roundtable_v1_events_proto_depIdxs = []int32{
-	21, // 0: roundtable.v1.RunEvent.emitted_at:type_name -> google.protobuf.Timestamp
-	6,  // 1: roundtable.v1.RunEvent.run_started:type_name -> roundtable.v1.RunStarted
-	7,  // 2: roundtable.v1.RunEvent.plan_created:type_name -> roundtable.v1.PlanCreated
-	9,  // 3: roundtable.v1.RunEvent.speaker_started:type_name -> roundtable.v1.SpeakerStarted
-	10, // 4: roundtable.v1.RunEvent.assistant_delta:type_name -> roundtable.v1.AssistantDelta
-	12, // 5: roundtable.v1.RunEvent.assistant_final:type_name -> roundtable.v1.AssistantFinal
-	13, // 6: roundtable.v1.RunEvent.speaker_failed:type_name -> roundtable.v1.SpeakerFailed
-	15, // 7: roundtable.v1.RunEvent.memory_proposed:type_name -> roundtable.v1.MemoryProposed
-	16, // 8: roundtable.v1.RunEvent.permission_required:type_name -> roundtable.v1.PermissionRequired
-	17, // 9: roundtable.v1.RunEvent.run_cancelled:type_name -> roundtable.v1.RunCancelled
-	19, // 10: roundtable.v1.RunEvent.run_completed:type_name -> roundtable.v1.RunCompleted
-	20, // 11: roundtable.v1.RunEvent.run_failed:type_name -> roundtable.v1.RunFailed
+	23, // 0: roundtable.v1.RunEvent.emitted_at:type_name -> google.protobuf.Timestamp
+	7,  // 1: roundtable.v1.RunEvent.run_started:type_name -> roundtable.v1.RunStarted
+	8,  // 2: roundtable.v1.RunEvent.plan_created:type_name -> roundtable.v1.PlanCreated
+	10, // 3: roundtable.v1.RunEvent.speaker_started:type_name -> roundtable.v1.SpeakerStarted
+	11, // 4: roundtable.v1.RunEvent.assistant_delta:type_name -> roundtable.v1.AssistantDelta
+	13, // 5: roundtable.v1.RunEvent.assistant_final:type_name -> roundtable.v1.AssistantFinal
+	15, // 6: roundtable.v1.RunEvent.speaker_failed:type_name -> roundtable.v1.SpeakerFailed
+	17, // 7: roundtable.v1.RunEvent.memory_proposed:type_name -> roundtable.v1.MemoryProposed
+	18, // 8: roundtable.v1.RunEvent.permission_required:type_name -> roundtable.v1.PermissionRequired
+	19, // 9: roundtable.v1.RunEvent.run_cancelled:type_name -> roundtable.v1.RunCancelled
+	21, // 10: roundtable.v1.RunEvent.run_completed:type_name -> roundtable.v1.RunCompleted
+	22, // 11: roundtable.v1.RunEvent.run_failed:type_name -> roundtable.v1.RunFailed
 	0,  // 12: roundtable.v1.RunStarted.route:type_name -> roundtable.v1.Route
 	1,  // 13: roundtable.v1.PlanCreated.directive:type_name -> roundtable.v1.DirectiveKind
 	2,  // 14: roundtable.v1.PlanCreated.source:type_name -> roundtable.v1.PlanSource
-	8,  // 15: roundtable.v1.PlanCreated.steps:type_name -> roundtable.v1.PlanStep
-	11, // 16: roundtable.v1.AssistantFinal.usage:type_name -> roundtable.v1.TokenUsage
+	9,  // 15: roundtable.v1.PlanCreated.steps:type_name -> roundtable.v1.PlanStep
+	12, // 16: roundtable.v1.AssistantFinal.usage:type_name -> roundtable.v1.TokenUsage
 	3,  // 17: roundtable.v1.AssistantFinal.finish_reason:type_name -> roundtable.v1.FinishReason
-	4,  // 18: roundtable.v1.MemoryProposal.action:type_name -> roundtable.v1.MemoryAction
-	14, // 19: roundtable.v1.MemoryProposed.proposals:type_name -> roundtable.v1.MemoryProposal
-	22, // 20: roundtable.v1.PermissionRequired.arguments:type_name -> google.protobuf.Struct
-	8,  // 21: roundtable.v1.RunCancelled.steps_left:type_name -> roundtable.v1.PlanStep
-	18, // 22: roundtable.v1.RunCompleted.replies:type_name -> roundtable.v1.ReplySummary
-	11, // 23: roundtable.v1.RunCompleted.usage:type_name -> roundtable.v1.TokenUsage
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	14, // 18: roundtable.v1.AssistantFinal.tool_calls:type_name -> roundtable.v1.ToolCallSummary
+	4,  // 19: roundtable.v1.ToolCallSummary.outcome:type_name -> roundtable.v1.ToolCallOutcome
+	5,  // 20: roundtable.v1.MemoryProposal.action:type_name -> roundtable.v1.MemoryAction
+	16, // 21: roundtable.v1.MemoryProposed.proposals:type_name -> roundtable.v1.MemoryProposal
+	24, // 22: roundtable.v1.PermissionRequired.arguments:type_name -> google.protobuf.Struct
+	23, // 23: roundtable.v1.PermissionRequired.expires_at:type_name -> google.protobuf.Timestamp
+	9,  // 24: roundtable.v1.RunCancelled.steps_left:type_name -> roundtable.v1.PlanStep
+	20, // 25: roundtable.v1.RunCompleted.replies:type_name -> roundtable.v1.ReplySummary
+	12, // 26: roundtable.v1.RunCompleted.usage:type_name -> roundtable.v1.TokenUsage
+	27, // [27:27] is the sub-list for method output_type
+	27, // [27:27] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_roundtable_v1_events_proto_init() }
@@ -2088,8 +2304,8 @@ func file_roundtable_v1_events_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roundtable_v1_events_proto_rawDesc), len(file_roundtable_v1_events_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   16,
+			NumEnums:      6,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -243,6 +243,59 @@ func (CancelOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{3}
 }
 
+// PermissionDecision is a person's answer to a permission request.
+type PermissionDecision int32
+
+const (
+	// Not set: the request is rejected with INVALID_ARGUMENT.
+	PermissionDecision_PERMISSION_DECISION_UNSPECIFIED PermissionDecision = 0
+	// Run the call (with edited_arguments_json when given).
+	PermissionDecision_PERMISSION_DECISION_APPROVE PermissionDecision = 1
+	// Do not run it; the member is told (with the reason, when given).
+	PermissionDecision_PERMISSION_DECISION_DENY PermissionDecision = 2
+)
+
+// Enum value maps for PermissionDecision.
+var (
+	PermissionDecision_name = map[int32]string{
+		0: "PERMISSION_DECISION_UNSPECIFIED",
+		1: "PERMISSION_DECISION_APPROVE",
+		2: "PERMISSION_DECISION_DENY",
+	}
+	PermissionDecision_value = map[string]int32{
+		"PERMISSION_DECISION_UNSPECIFIED": 0,
+		"PERMISSION_DECISION_APPROVE":     1,
+		"PERMISSION_DECISION_DENY":        2,
+	}
+)
+
+func (x PermissionDecision) Enum() *PermissionDecision {
+	p := new(PermissionDecision)
+	*p = x
+	return p
+}
+
+func (x PermissionDecision) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PermissionDecision) Descriptor() protoreflect.EnumDescriptor {
+	return file_roundtable_v1_orchestrator_service_proto_enumTypes[4].Descriptor()
+}
+
+func (PermissionDecision) Type() protoreflect.EnumType {
+	return &file_roundtable_v1_orchestrator_service_proto_enumTypes[4]
+}
+
+func (x PermissionDecision) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PermissionDecision.Descriptor instead.
+func (PermissionDecision) EnumDescriptor() ([]byte, []int) {
+	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{4}
+}
+
 // RunStatus is where a run is in its life.
 type RunStatus int32
 
@@ -265,6 +318,11 @@ const (
 	// Its remaining steps were taken over by a later run's continue turn; it
 	// cannot be resumed itself any more.
 	RunStatus_RUN_STATUS_CONTINUED RunStatus = 7
+	// Waiting for a person to decide a permission request (see
+	// Run.pending_permissions); nothing of it runs meanwhile. ResolvePermission
+	// resumes it; CancelRun ends it (the waiting call counts as denied, reason
+	// "cancelled").
+	RunStatus_RUN_STATUS_AWAITING_APPROVAL RunStatus = 8
 )
 
 // Enum value maps for RunStatus.
@@ -278,16 +336,18 @@ var (
 		5: "RUN_STATUS_INTERRUPTED",
 		6: "RUN_STATUS_FAILED",
 		7: "RUN_STATUS_CONTINUED",
+		8: "RUN_STATUS_AWAITING_APPROVAL",
 	}
 	RunStatus_value = map[string]int32{
-		"RUN_STATUS_UNSPECIFIED": 0,
-		"RUN_STATUS_QUEUED":      1,
-		"RUN_STATUS_RUNNING":     2,
-		"RUN_STATUS_SUCCEEDED":   3,
-		"RUN_STATUS_CANCELLED":   4,
-		"RUN_STATUS_INTERRUPTED": 5,
-		"RUN_STATUS_FAILED":      6,
-		"RUN_STATUS_CONTINUED":   7,
+		"RUN_STATUS_UNSPECIFIED":       0,
+		"RUN_STATUS_QUEUED":            1,
+		"RUN_STATUS_RUNNING":           2,
+		"RUN_STATUS_SUCCEEDED":         3,
+		"RUN_STATUS_CANCELLED":         4,
+		"RUN_STATUS_INTERRUPTED":       5,
+		"RUN_STATUS_FAILED":            6,
+		"RUN_STATUS_CONTINUED":         7,
+		"RUN_STATUS_AWAITING_APPROVAL": 8,
 	}
 )
 
@@ -302,11 +362,11 @@ func (x RunStatus) String() string {
 }
 
 func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_roundtable_v1_orchestrator_service_proto_enumTypes[4].Descriptor()
+	return file_roundtable_v1_orchestrator_service_proto_enumTypes[5].Descriptor()
 }
 
 func (RunStatus) Type() protoreflect.EnumType {
-	return &file_roundtable_v1_orchestrator_service_proto_enumTypes[4]
+	return &file_roundtable_v1_orchestrator_service_proto_enumTypes[5]
 }
 
 func (x RunStatus) Number() protoreflect.EnumNumber {
@@ -315,7 +375,7 @@ func (x RunStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunStatus.Descriptor instead.
 func (RunStatus) EnumDescriptor() ([]byte, []int) {
-	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{4}
+	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{5}
 }
 
 // StartRunRequest is one user turn. Its four parts are kept apart on purpose:
@@ -831,6 +891,175 @@ func (x *GetRunRequest) GetTenant() string {
 	return ""
 }
 
+// ResolvePermissionRequest decides one permission request.
+type ResolvePermissionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run. Required.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The tenant of the run. Required.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// PermissionRequired.permission_request_id. Required, at most 256
+	// characters.
+	PermissionRequestId string `protobuf:"bytes,3,opt,name=permission_request_id,json=permissionRequestId,proto3" json:"permission_request_id,omitempty"`
+	// Approve or deny. Required.
+	Decision PermissionDecision `protobuf:"varint,4,opt,name=decision,proto3,enum=roundtable.v1.PermissionDecision" json:"decision,omitempty"`
+	// With APPROVE: the arguments to run the call with instead of the model's,
+	// a JSON object of at most 64 KiB. Optional; not allowed with DENY.
+	EditedArgumentsJson string `protobuf:"bytes,5,opt,name=edited_arguments_json,json=editedArgumentsJson,proto3" json:"edited_arguments_json,omitempty"`
+	// With DENY: why, told to the member. Optional, at most 1,024 characters.
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolvePermissionRequest) Reset() {
+	*x = ResolvePermissionRequest{}
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolvePermissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolvePermissionRequest) ProtoMessage() {}
+
+func (x *ResolvePermissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolvePermissionRequest.ProtoReflect.Descriptor instead.
+func (*ResolvePermissionRequest) Descriptor() ([]byte, []int) {
+	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ResolvePermissionRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ResolvePermissionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ResolvePermissionRequest) GetPermissionRequestId() string {
+	if x != nil {
+		return x.PermissionRequestId
+	}
+	return ""
+}
+
+func (x *ResolvePermissionRequest) GetDecision() PermissionDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return PermissionDecision_PERMISSION_DECISION_UNSPECIFIED
+}
+
+func (x *ResolvePermissionRequest) GetEditedArgumentsJson() string {
+	if x != nil {
+		return x.EditedArgumentsJson
+	}
+	return ""
+}
+
+func (x *ResolvePermissionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// ResolvePermissionResponse says what is recorded for the request.
+type ResolvePermissionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The decision recorded (this one, or the same one sent earlier).
+	Decision PermissionDecision `protobuf:"varint,1,opt,name=decision,proto3,enum=roundtable.v1.PermissionDecision" json:"decision,omitempty"`
+	// When it was recorded.
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// The run as it is now (RUN_STATUS_AWAITING_APPROVAL while other requests
+	// of it still wait).
+	Run *Run `protobuf:"bytes,3,opt,name=run,proto3" json:"run,omitempty"`
+	// True when the run went on at once (on this replica). False when no
+	// replica holds the run waiting (its server stopped): the decision is kept,
+	// and the run goes on when the gateway sends the same StartRun again.
+	Resumed       bool `protobuf:"varint,4,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolvePermissionResponse) Reset() {
+	*x = ResolvePermissionResponse{}
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolvePermissionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolvePermissionResponse) ProtoMessage() {}
+
+func (x *ResolvePermissionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolvePermissionResponse.ProtoReflect.Descriptor instead.
+func (*ResolvePermissionResponse) Descriptor() ([]byte, []int) {
+	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ResolvePermissionResponse) GetDecision() PermissionDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return PermissionDecision_PERMISSION_DECISION_UNSPECIFIED
+}
+
+func (x *ResolvePermissionResponse) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *ResolvePermissionResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *ResolvePermissionResponse) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
+}
+
 // GetRunResponse answers a GetRun.
 type GetRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -842,7 +1071,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[8]
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +1083,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[8]
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +1096,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{8}
+	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -901,13 +1130,15 @@ type Run struct {
 	// For a RUN_STATUS_CONTINUED run: the run whose continue turn took over its
 	// remaining steps. Empty otherwise.
 	ContinuedByRunId string `protobuf:"bytes,10,opt,name=continued_by_run_id,json=continuedByRunId,proto3" json:"continued_by_run_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The permission requests waiting for a decision (RUN_STATUS_AWAITING_APPROVAL).
+	PendingPermissions []*PermissionRequired `protobuf:"bytes,11,rep,name=pending_permissions,json=pendingPermissions,proto3" json:"pending_permissions,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[9]
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1150,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[9]
+	mi := &file_roundtable_v1_orchestrator_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1163,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{9}
+	return file_roundtable_v1_orchestrator_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Run) GetRunId() string {
@@ -1005,6 +1236,13 @@ func (x *Run) GetContinuedByRunId() string {
 	return ""
 }
 
+func (x *Run) GetPendingPermissions() []*PermissionRequired {
+	if x != nil {
+		return x.PendingPermissions
+	}
+	return nil
+}
+
 var File_roundtable_v1_orchestrator_service_proto protoreflect.FileDescriptor
 
 const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
@@ -1045,9 +1283,22 @@ const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
 	"\x03run\x18\x02 \x01(\v2\x12.roundtable.v1.RunR\x03run\">\n" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
-	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"6\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x88\x02\n" +
+	"\x18ResolvePermissionRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x122\n" +
+	"\x15permission_request_id\x18\x03 \x01(\tR\x13permissionRequestId\x12=\n" +
+	"\bdecision\x18\x04 \x01(\x0e2!.roundtable.v1.PermissionDecisionR\bdecision\x122\n" +
+	"\x15edited_arguments_json\x18\x05 \x01(\tR\x13editedArgumentsJson\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xd5\x01\n" +
+	"\x19ResolvePermissionResponse\x12=\n" +
+	"\bdecision\x18\x01 \x01(\x0e2!.roundtable.v1.PermissionDecisionR\bdecision\x129\n" +
+	"\n" +
+	"decided_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12$\n" +
+	"\x03run\x18\x03 \x01(\v2\x12.roundtable.v1.RunR\x03run\x12\x18\n" +
+	"\aresumed\x18\x04 \x01(\bR\aresumed\"6\n" +
 	"\x0eGetRunResponse\x12$\n" +
-	"\x03run\x18\x01 \x01(\v2\x12.roundtable.v1.RunR\x03run\"\x9e\x03\n" +
+	"\x03run\x18\x01 \x01(\v2\x12.roundtable.v1.RunR\x03run\"\xf2\x03\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\tthread_id\x18\x02 \x01(\tR\bthreadId\x12\x16\n" +
@@ -1061,7 +1312,8 @@ const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12-\n" +
 	"\x13continued_by_run_id\x18\n" +
-	" \x01(\tR\x10continuedByRunId*s\n" +
+	" \x01(\tR\x10continuedByRunId\x12R\n" +
+	"\x13pending_permissions\x18\v \x03(\v2!.roundtable.v1.PermissionRequiredR\x12pendingPermissions*s\n" +
 	"\x10DisconnectPolicy\x12!\n" +
 	"\x1dDISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aDISCONNECT_POLICY_CONTINUE\x10\x01\x12\x1c\n" +
@@ -1079,7 +1331,11 @@ const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
 	"\rCancelOutcome\x12\x1e\n" +
 	"\x1aCANCEL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CANCEL_OUTCOME_REQUESTED\x10\x01\x12 \n" +
-	"\x1cCANCEL_OUTCOME_ALREADY_ENDED\x10\x02*\xd7\x01\n" +
+	"\x1cCANCEL_OUTCOME_ALREADY_ENDED\x10\x02*x\n" +
+	"\x12PermissionDecision\x12#\n" +
+	"\x1fPERMISSION_DECISION_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bPERMISSION_DECISION_APPROVE\x10\x01\x12\x1c\n" +
+	"\x18PERMISSION_DECISION_DENY\x10\x02*\xf9\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RUN_STATUS_QUEUED\x10\x01\x12\x16\n" +
@@ -1088,12 +1344,14 @@ const file_roundtable_v1_orchestrator_service_proto_rawDesc = "" +
 	"\x14RUN_STATUS_CANCELLED\x10\x04\x12\x1a\n" +
 	"\x16RUN_STATUS_INTERRUPTED\x10\x05\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x06\x12\x18\n" +
-	"\x14RUN_STATUS_CONTINUED\x10\a2\xcd\x02\n" +
+	"\x14RUN_STATUS_CONTINUED\x10\a\x12 \n" +
+	"\x1cRUN_STATUS_AWAITING_APPROVAL\x10\b2\xb5\x03\n" +
 	"\x13OrchestratorService\x12M\n" +
 	"\bStartRun\x12\x1e.roundtable.v1.StartRunRequest\x1a\x1f.roundtable.v1.StartRunResponse0\x01\x12P\n" +
 	"\tStreamRun\x12\x1f.roundtable.v1.StreamRunRequest\x1a .roundtable.v1.StreamRunResponse0\x01\x12N\n" +
 	"\tCancelRun\x12\x1f.roundtable.v1.CancelRunRequest\x1a .roundtable.v1.CancelRunResponse\x12E\n" +
-	"\x06GetRun\x12\x1c.roundtable.v1.GetRunRequest\x1a\x1d.roundtable.v1.GetRunResponseBHZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1b\x06proto3"
+	"\x06GetRun\x12\x1c.roundtable.v1.GetRunRequest\x1a\x1d.roundtable.v1.GetRunResponse\x12f\n" +
+	"\x11ResolvePermission\x12'.roundtable.v1.ResolvePermissionRequest\x1a(.roundtable.v1.ResolvePermissionResponseBHZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1b\x06proto3"
 
 var (
 	file_roundtable_v1_orchestrator_service_proto_rawDescOnce sync.Once
@@ -1107,63 +1365,74 @@ func file_roundtable_v1_orchestrator_service_proto_rawDescGZIP() []byte {
 	return file_roundtable_v1_orchestrator_service_proto_rawDescData
 }
 
-var file_roundtable_v1_orchestrator_service_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_roundtable_v1_orchestrator_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_roundtable_v1_orchestrator_service_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_roundtable_v1_orchestrator_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_roundtable_v1_orchestrator_service_proto_goTypes = []any{
-	(DisconnectPolicy)(0),         // 0: roundtable.v1.DisconnectPolicy
-	(BusyThreadPolicy)(0),         // 1: roundtable.v1.BusyThreadPolicy
-	(CancelMode)(0),               // 2: roundtable.v1.CancelMode
-	(CancelOutcome)(0),            // 3: roundtable.v1.CancelOutcome
-	(RunStatus)(0),                // 4: roundtable.v1.RunStatus
-	(*StartRunRequest)(nil),       // 5: roundtable.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 6: roundtable.v1.StartRunResponse
-	(*RunOptions)(nil),            // 7: roundtable.v1.RunOptions
-	(*StreamRunRequest)(nil),      // 8: roundtable.v1.StreamRunRequest
-	(*StreamRunResponse)(nil),     // 9: roundtable.v1.StreamRunResponse
-	(*CancelRunRequest)(nil),      // 10: roundtable.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 11: roundtable.v1.CancelRunResponse
-	(*GetRunRequest)(nil),         // 12: roundtable.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 13: roundtable.v1.GetRunResponse
-	(*Run)(nil),                   // 14: roundtable.v1.Run
-	nil,                           // 15: roundtable.v1.StartRunRequest.CredentialsEntry
-	(*RunContext)(nil),            // 16: roundtable.v1.RunContext
-	(*Snapshot)(nil),              // 17: roundtable.v1.Snapshot
-	(*RunEvent)(nil),              // 18: roundtable.v1.RunEvent
-	(*Budgets)(nil),               // 19: roundtable.v1.Budgets
-	(*PlanStep)(nil),              // 20: roundtable.v1.PlanStep
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(DisconnectPolicy)(0),             // 0: roundtable.v1.DisconnectPolicy
+	(BusyThreadPolicy)(0),             // 1: roundtable.v1.BusyThreadPolicy
+	(CancelMode)(0),                   // 2: roundtable.v1.CancelMode
+	(CancelOutcome)(0),                // 3: roundtable.v1.CancelOutcome
+	(PermissionDecision)(0),           // 4: roundtable.v1.PermissionDecision
+	(RunStatus)(0),                    // 5: roundtable.v1.RunStatus
+	(*StartRunRequest)(nil),           // 6: roundtable.v1.StartRunRequest
+	(*StartRunResponse)(nil),          // 7: roundtable.v1.StartRunResponse
+	(*RunOptions)(nil),                // 8: roundtable.v1.RunOptions
+	(*StreamRunRequest)(nil),          // 9: roundtable.v1.StreamRunRequest
+	(*StreamRunResponse)(nil),         // 10: roundtable.v1.StreamRunResponse
+	(*CancelRunRequest)(nil),          // 11: roundtable.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),         // 12: roundtable.v1.CancelRunResponse
+	(*GetRunRequest)(nil),             // 13: roundtable.v1.GetRunRequest
+	(*ResolvePermissionRequest)(nil),  // 14: roundtable.v1.ResolvePermissionRequest
+	(*ResolvePermissionResponse)(nil), // 15: roundtable.v1.ResolvePermissionResponse
+	(*GetRunResponse)(nil),            // 16: roundtable.v1.GetRunResponse
+	(*Run)(nil),                       // 17: roundtable.v1.Run
+	nil,                               // 18: roundtable.v1.StartRunRequest.CredentialsEntry
+	(*RunContext)(nil),                // 19: roundtable.v1.RunContext
+	(*Snapshot)(nil),                  // 20: roundtable.v1.Snapshot
+	(*RunEvent)(nil),                  // 21: roundtable.v1.RunEvent
+	(*Budgets)(nil),                   // 22: roundtable.v1.Budgets
+	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
+	(*PlanStep)(nil),                  // 24: roundtable.v1.PlanStep
+	(*PermissionRequired)(nil),        // 25: roundtable.v1.PermissionRequired
 }
 var file_roundtable_v1_orchestrator_service_proto_depIdxs = []int32{
-	16, // 0: roundtable.v1.StartRunRequest.context:type_name -> roundtable.v1.RunContext
-	17, // 1: roundtable.v1.StartRunRequest.snapshot:type_name -> roundtable.v1.Snapshot
-	15, // 2: roundtable.v1.StartRunRequest.credentials:type_name -> roundtable.v1.StartRunRequest.CredentialsEntry
-	7,  // 3: roundtable.v1.StartRunRequest.options:type_name -> roundtable.v1.RunOptions
-	18, // 4: roundtable.v1.StartRunResponse.event:type_name -> roundtable.v1.RunEvent
+	19, // 0: roundtable.v1.StartRunRequest.context:type_name -> roundtable.v1.RunContext
+	20, // 1: roundtable.v1.StartRunRequest.snapshot:type_name -> roundtable.v1.Snapshot
+	18, // 2: roundtable.v1.StartRunRequest.credentials:type_name -> roundtable.v1.StartRunRequest.CredentialsEntry
+	8,  // 3: roundtable.v1.StartRunRequest.options:type_name -> roundtable.v1.RunOptions
+	21, // 4: roundtable.v1.StartRunResponse.event:type_name -> roundtable.v1.RunEvent
 	0,  // 5: roundtable.v1.RunOptions.disconnect_policy:type_name -> roundtable.v1.DisconnectPolicy
 	1,  // 6: roundtable.v1.RunOptions.busy_thread_policy:type_name -> roundtable.v1.BusyThreadPolicy
-	19, // 7: roundtable.v1.RunOptions.budget_overrides:type_name -> roundtable.v1.Budgets
-	18, // 8: roundtable.v1.StreamRunResponse.event:type_name -> roundtable.v1.RunEvent
+	22, // 7: roundtable.v1.RunOptions.budget_overrides:type_name -> roundtable.v1.Budgets
+	21, // 8: roundtable.v1.StreamRunResponse.event:type_name -> roundtable.v1.RunEvent
 	2,  // 9: roundtable.v1.CancelRunRequest.mode:type_name -> roundtable.v1.CancelMode
 	3,  // 10: roundtable.v1.CancelRunResponse.outcome:type_name -> roundtable.v1.CancelOutcome
-	14, // 11: roundtable.v1.CancelRunResponse.run:type_name -> roundtable.v1.Run
-	14, // 12: roundtable.v1.GetRunResponse.run:type_name -> roundtable.v1.Run
-	4,  // 13: roundtable.v1.Run.status:type_name -> roundtable.v1.RunStatus
-	20, // 14: roundtable.v1.Run.plan:type_name -> roundtable.v1.PlanStep
-	21, // 15: roundtable.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	21, // 16: roundtable.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 17: roundtable.v1.OrchestratorService.StartRun:input_type -> roundtable.v1.StartRunRequest
-	8,  // 18: roundtable.v1.OrchestratorService.StreamRun:input_type -> roundtable.v1.StreamRunRequest
-	10, // 19: roundtable.v1.OrchestratorService.CancelRun:input_type -> roundtable.v1.CancelRunRequest
-	12, // 20: roundtable.v1.OrchestratorService.GetRun:input_type -> roundtable.v1.GetRunRequest
-	6,  // 21: roundtable.v1.OrchestratorService.StartRun:output_type -> roundtable.v1.StartRunResponse
-	9,  // 22: roundtable.v1.OrchestratorService.StreamRun:output_type -> roundtable.v1.StreamRunResponse
-	11, // 23: roundtable.v1.OrchestratorService.CancelRun:output_type -> roundtable.v1.CancelRunResponse
-	13, // 24: roundtable.v1.OrchestratorService.GetRun:output_type -> roundtable.v1.GetRunResponse
-	21, // [21:25] is the sub-list for method output_type
-	17, // [17:21] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	17, // 11: roundtable.v1.CancelRunResponse.run:type_name -> roundtable.v1.Run
+	4,  // 12: roundtable.v1.ResolvePermissionRequest.decision:type_name -> roundtable.v1.PermissionDecision
+	4,  // 13: roundtable.v1.ResolvePermissionResponse.decision:type_name -> roundtable.v1.PermissionDecision
+	23, // 14: roundtable.v1.ResolvePermissionResponse.decided_at:type_name -> google.protobuf.Timestamp
+	17, // 15: roundtable.v1.ResolvePermissionResponse.run:type_name -> roundtable.v1.Run
+	17, // 16: roundtable.v1.GetRunResponse.run:type_name -> roundtable.v1.Run
+	5,  // 17: roundtable.v1.Run.status:type_name -> roundtable.v1.RunStatus
+	24, // 18: roundtable.v1.Run.plan:type_name -> roundtable.v1.PlanStep
+	23, // 19: roundtable.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	23, // 20: roundtable.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	25, // 21: roundtable.v1.Run.pending_permissions:type_name -> roundtable.v1.PermissionRequired
+	6,  // 22: roundtable.v1.OrchestratorService.StartRun:input_type -> roundtable.v1.StartRunRequest
+	9,  // 23: roundtable.v1.OrchestratorService.StreamRun:input_type -> roundtable.v1.StreamRunRequest
+	11, // 24: roundtable.v1.OrchestratorService.CancelRun:input_type -> roundtable.v1.CancelRunRequest
+	13, // 25: roundtable.v1.OrchestratorService.GetRun:input_type -> roundtable.v1.GetRunRequest
+	14, // 26: roundtable.v1.OrchestratorService.ResolvePermission:input_type -> roundtable.v1.ResolvePermissionRequest
+	7,  // 27: roundtable.v1.OrchestratorService.StartRun:output_type -> roundtable.v1.StartRunResponse
+	10, // 28: roundtable.v1.OrchestratorService.StreamRun:output_type -> roundtable.v1.StreamRunResponse
+	12, // 29: roundtable.v1.OrchestratorService.CancelRun:output_type -> roundtable.v1.CancelRunResponse
+	16, // 30: roundtable.v1.OrchestratorService.GetRun:output_type -> roundtable.v1.GetRunResponse
+	15, // 31: roundtable.v1.OrchestratorService.ResolvePermission:output_type -> roundtable.v1.ResolvePermissionResponse
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_roundtable_v1_orchestrator_service_proto_init() }
@@ -1179,8 +1448,8 @@ func file_roundtable_v1_orchestrator_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roundtable_v1_orchestrator_service_proto_rawDesc), len(file_roundtable_v1_orchestrator_service_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   11,
+			NumEnums:      6,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	OrchestratorService_StartRun_FullMethodName  = "/roundtable.v1.OrchestratorService/StartRun"
-	OrchestratorService_StreamRun_FullMethodName = "/roundtable.v1.OrchestratorService/StreamRun"
-	OrchestratorService_CancelRun_FullMethodName = "/roundtable.v1.OrchestratorService/CancelRun"
-	OrchestratorService_GetRun_FullMethodName    = "/roundtable.v1.OrchestratorService/GetRun"
+	OrchestratorService_StartRun_FullMethodName          = "/roundtable.v1.OrchestratorService/StartRun"
+	OrchestratorService_StreamRun_FullMethodName         = "/roundtable.v1.OrchestratorService/StreamRun"
+	OrchestratorService_CancelRun_FullMethodName         = "/roundtable.v1.OrchestratorService/CancelRun"
+	OrchestratorService_GetRun_FullMethodName            = "/roundtable.v1.OrchestratorService/GetRun"
+	OrchestratorService_ResolvePermission_FullMethodName = "/roundtable.v1.OrchestratorService/ResolvePermission"
 )
 
 // OrchestratorServiceClient is the client API for OrchestratorService service.
@@ -49,11 +50,17 @@ const (
 //	                   different snapshot.
 //	NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
 //	                   tenant's run looks exactly like a missing one).
+//	                   [PERMISSION_NOT_FOUND] no such permission request in
+//	                   this tenant's run (the same for another tenant's).
 //	FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
 //	                   REJECT. [STREAM_GAP] a StreamRun cannot be continued
 //	                   from after_seq. [RUN_CONTINUED] the run's last execution
 //	                   stopped before its end and a later run continued it (its
 //	                   stream replays the log, then ends so).
+//	                   [PERMISSION_DECIDED] a ResolvePermission whose decision
+//	                   differs from the one already recorded (the message
+//	                   names the recorded one: approve, deny, expired or
+//	                   cancelled).
 //	RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
 //	                   delay: [TOO_MANY_RUNS] runs executing in the process or
 //	                   for the tenant, [TOO_MANY_CALLS] calls in flight for this
@@ -106,6 +113,17 @@ type OrchestratorServiceClient interface {
 	// GetRun returns a run's status, plan, finished replies and last seq.
 	// Errors: NOT_FOUND, INVALID_ARGUMENT.
 	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
+	// ResolvePermission answers a permission_required: approve the tool call
+	// (optionally with edited arguments) or deny it (with a reason the member
+	// sees). It answers once the decision is durable, on any replica, even one
+	// that never ran the run; the run then resumes from that call on this
+	// replica or the one holding its lease, and its events reach any stream
+	// attached to it (or StreamRun). A decision recorded while no server ran the
+	// run is acted on when the run is next started, followed or read.
+	// Idempotent: the same decision again answers the same. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
+	// FAILED_PRECONDITION [PERMISSION_DECIDED].
+	ResolvePermission(ctx context.Context, in *ResolvePermissionRequest, opts ...grpc.CallOption) (*ResolvePermissionResponse, error)
 }
 
 type orchestratorServiceClient struct {
@@ -174,6 +192,16 @@ func (c *orchestratorServiceClient) GetRun(ctx context.Context, in *GetRunReques
 	return out, nil
 }
 
+func (c *orchestratorServiceClient) ResolvePermission(ctx context.Context, in *ResolvePermissionRequest, opts ...grpc.CallOption) (*ResolvePermissionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolvePermissionResponse)
+	err := c.cc.Invoke(ctx, OrchestratorService_ResolvePermission_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OrchestratorServiceServer is the server API for OrchestratorService service.
 // All implementations must embed UnimplementedOrchestratorServiceServer
 // for forward compatibility.
@@ -198,11 +226,17 @@ func (c *orchestratorServiceClient) GetRun(ctx context.Context, in *GetRunReques
 //	                   different snapshot.
 //	NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
 //	                   tenant's run looks exactly like a missing one).
+//	                   [PERMISSION_NOT_FOUND] no such permission request in
+//	                   this tenant's run (the same for another tenant's).
 //	FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
 //	                   REJECT. [STREAM_GAP] a StreamRun cannot be continued
 //	                   from after_seq. [RUN_CONTINUED] the run's last execution
 //	                   stopped before its end and a later run continued it (its
 //	                   stream replays the log, then ends so).
+//	                   [PERMISSION_DECIDED] a ResolvePermission whose decision
+//	                   differs from the one already recorded (the message
+//	                   names the recorded one: approve, deny, expired or
+//	                   cancelled).
 //	RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
 //	                   delay: [TOO_MANY_RUNS] runs executing in the process or
 //	                   for the tenant, [TOO_MANY_CALLS] calls in flight for this
@@ -255,6 +289,17 @@ type OrchestratorServiceServer interface {
 	// GetRun returns a run's status, plan, finished replies and last seq.
 	// Errors: NOT_FOUND, INVALID_ARGUMENT.
 	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)
+	// ResolvePermission answers a permission_required: approve the tool call
+	// (optionally with edited arguments) or deny it (with a reason the member
+	// sees). It answers once the decision is durable, on any replica, even one
+	// that never ran the run; the run then resumes from that call on this
+	// replica or the one holding its lease, and its events reach any stream
+	// attached to it (or StreamRun). A decision recorded while no server ran the
+	// run is acted on when the run is next started, followed or read.
+	// Idempotent: the same decision again answers the same. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
+	// FAILED_PRECONDITION [PERMISSION_DECIDED].
+	ResolvePermission(context.Context, *ResolvePermissionRequest) (*ResolvePermissionResponse, error)
 	mustEmbedUnimplementedOrchestratorServiceServer()
 }
 
@@ -276,6 +321,9 @@ func (UnimplementedOrchestratorServiceServer) CancelRun(context.Context, *Cancel
 }
 func (UnimplementedOrchestratorServiceServer) GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRun not implemented")
+}
+func (UnimplementedOrchestratorServiceServer) ResolvePermission(context.Context, *ResolvePermissionRequest) (*ResolvePermissionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolvePermission not implemented")
 }
 func (UnimplementedOrchestratorServiceServer) mustEmbedUnimplementedOrchestratorServiceServer() {}
 func (UnimplementedOrchestratorServiceServer) testEmbeddedByValue()                             {}
@@ -356,6 +404,24 @@ func _OrchestratorService_GetRun_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OrchestratorService_ResolvePermission_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolvePermissionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OrchestratorServiceServer).ResolvePermission(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OrchestratorService_ResolvePermission_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OrchestratorServiceServer).ResolvePermission(ctx, req.(*ResolvePermissionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OrchestratorService_ServiceDesc is the grpc.ServiceDesc for OrchestratorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -370,6 +436,10 @@ var OrchestratorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRun",
 			Handler:    _OrchestratorService_GetRun_Handler,
+		},
+		{
+			MethodName: "ResolvePermission",
+			Handler:    _OrchestratorService_ResolvePermission_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

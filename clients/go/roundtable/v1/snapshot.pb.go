@@ -22,6 +22,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ApprovalPolicy says whether a tool's calls wait for a person.
+type ApprovalPolicy int32
+
+const (
+	// Not set: APPROVAL_POLICY_NEVER.
+	ApprovalPolicy_APPROVAL_POLICY_UNSPECIFIED ApprovalPolicy = 0
+	// Calls run as the model makes them.
+	ApprovalPolicy_APPROVAL_POLICY_NEVER ApprovalPolicy = 1
+	// Each call is announced with permission_required and runs only once a
+	// person approved it (ResolvePermission); the run waits meanwhile
+	// (RUN_STATUS_AWAITING_APPROVAL), for at most
+	// Budgets.approval_timeout_seconds, after which the call counts as denied
+	// with the reason "expired".
+	ApprovalPolicy_APPROVAL_POLICY_ALWAYS ApprovalPolicy = 2
+)
+
+// Enum value maps for ApprovalPolicy.
+var (
+	ApprovalPolicy_name = map[int32]string{
+		0: "APPROVAL_POLICY_UNSPECIFIED",
+		1: "APPROVAL_POLICY_NEVER",
+		2: "APPROVAL_POLICY_ALWAYS",
+	}
+	ApprovalPolicy_value = map[string]int32{
+		"APPROVAL_POLICY_UNSPECIFIED": 0,
+		"APPROVAL_POLICY_NEVER":       1,
+		"APPROVAL_POLICY_ALWAYS":      2,
+	}
+)
+
+func (x ApprovalPolicy) Enum() *ApprovalPolicy {
+	p := new(ApprovalPolicy)
+	*p = x
+	return p
+}
+
+func (x ApprovalPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ApprovalPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_roundtable_v1_snapshot_proto_enumTypes[0].Descriptor()
+}
+
+func (ApprovalPolicy) Type() protoreflect.EnumType {
+	return &file_roundtable_v1_snapshot_proto_enumTypes[0]
+}
+
+func (x ApprovalPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ApprovalPolicy.Descriptor instead.
+func (ApprovalPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{0}
+}
+
 // SpeakerConcurrency says whether a round's independent speakers answer one
 // after another or at once.
 type SpeakerConcurrency int32
@@ -71,11 +128,11 @@ func (x SpeakerConcurrency) String() string {
 }
 
 func (SpeakerConcurrency) Descriptor() protoreflect.EnumDescriptor {
-	return file_roundtable_v1_snapshot_proto_enumTypes[0].Descriptor()
+	return file_roundtable_v1_snapshot_proto_enumTypes[1].Descriptor()
 }
 
 func (SpeakerConcurrency) Type() protoreflect.EnumType {
-	return &file_roundtable_v1_snapshot_proto_enumTypes[0]
+	return &file_roundtable_v1_snapshot_proto_enumTypes[1]
 }
 
 func (x SpeakerConcurrency) Number() protoreflect.EnumNumber {
@@ -84,7 +141,7 @@ func (x SpeakerConcurrency) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SpeakerConcurrency.Descriptor instead.
 func (SpeakerConcurrency) EnumDescriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{0}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{1}
 }
 
 // SessionKind says how a turn is routed.
@@ -125,11 +182,11 @@ func (x SessionKind) String() string {
 }
 
 func (SessionKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_roundtable_v1_snapshot_proto_enumTypes[1].Descriptor()
+	return file_roundtable_v1_snapshot_proto_enumTypes[2].Descriptor()
 }
 
 func (SessionKind) Type() protoreflect.EnumType {
-	return &file_roundtable_v1_snapshot_proto_enumTypes[1]
+	return &file_roundtable_v1_snapshot_proto_enumTypes[2]
 }
 
 func (x SessionKind) Number() protoreflect.EnumNumber {
@@ -138,7 +195,7 @@ func (x SessionKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SessionKind.Descriptor instead.
 func (SessionKind) EnumDescriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{1}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{2}
 }
 
 // MessageRole says who wrote a history message.
@@ -178,11 +235,11 @@ func (x MessageRole) String() string {
 }
 
 func (MessageRole) Descriptor() protoreflect.EnumDescriptor {
-	return file_roundtable_v1_snapshot_proto_enumTypes[2].Descriptor()
+	return file_roundtable_v1_snapshot_proto_enumTypes[3].Descriptor()
 }
 
 func (MessageRole) Type() protoreflect.EnumType {
-	return &file_roundtable_v1_snapshot_proto_enumTypes[2]
+	return &file_roundtable_v1_snapshot_proto_enumTypes[3]
 }
 
 func (x MessageRole) Number() protoreflect.EnumNumber {
@@ -191,7 +248,7 @@ func (x MessageRole) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MessageRole.Descriptor instead.
 func (MessageRole) EnumDescriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{2}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{3}
 }
 
 // RunContext identifies one user turn and carries the correlation fields that
@@ -384,8 +441,15 @@ type Session struct {
 	// How a round's independent speakers run. Optional: unset means
 	// SPEAKER_CONCURRENCY_SEQUENTIAL.
 	SpeakerConcurrency SpeakerConcurrency `protobuf:"varint,6,opt,name=speaker_concurrency,json=speakerConcurrency,proto3,enum=roundtable.v1.SpeakerConcurrency" json:"speaker_concurrency,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The MCP servers the session's tools live on. At most 16; server ids
+	// unique.
+	ToolServers []*ToolServer `protobuf:"bytes,7,rep,name=tool_servers,json=toolServers,proto3" json:"tool_servers,omitempty"`
+	// The tools members may call (Member.tool_names picks a member's). The
+	// gateway is the source of truth: Roundtable describes these to the model
+	// as given and never lists a server's tools. At most 64; names unique.
+	Tools         []*Tool `protobuf:"bytes,8,rep,name=tools,proto3" json:"tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -460,6 +524,207 @@ func (x *Session) GetSpeakerConcurrency() SpeakerConcurrency {
 	return SpeakerConcurrency_SPEAKER_CONCURRENCY_UNSPECIFIED
 }
 
+func (x *Session) GetToolServers() []*ToolServer {
+	if x != nil {
+		return x.ToolServers
+	}
+	return nil
+}
+
+func (x *Session) GetTools() []*Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+// ToolServer is a Model Context Protocol server reached over streamable HTTP.
+// Roundtable keeps one MCP session open per server (and credential) and
+// sends every call of every run through it.
+type ToolServer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique within the snapshot; Tool.server_id refers to it. Required, 1 to
+	// 128 characters from [A-Za-z0-9._:-].
+	ServerId string `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	// The server's streamable-HTTP endpoint, for example
+	// "http://tools.internal:8000/mcp". Required, http or https, at most 2,048
+	// characters.
+	Url string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	// The key of StartRunRequest.credentials holding a bearer token sent as
+	// "Authorization: Bearer <token>". Optional; when set it must be present in
+	// that map. The token never reaches state, checkpoints, events, logs or
+	// spans.
+	CredentialRef string `protobuf:"bytes,3,opt,name=credential_ref,json=credentialRef,proto3" json:"credential_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolServer) Reset() {
+	*x = ToolServer{}
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolServer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolServer) ProtoMessage() {}
+
+func (x *ToolServer) ProtoReflect() protoreflect.Message {
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolServer.ProtoReflect.Descriptor instead.
+func (*ToolServer) Descriptor() ([]byte, []int) {
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ToolServer) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *ToolServer) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *ToolServer) GetCredentialRef() string {
+	if x != nil {
+		return x.CredentialRef
+	}
+	return ""
+}
+
+// Tool is one tool a member may call, as the gateway declares it.
+//
+// Every call is a durable step of its reply: its idempotency key
+// "<reply_id>/<n>" (n from 1 within the reply) is recorded before the call
+// and sent to the tool server in the MCP request's `_meta` as
+// "dev.roundtable/idempotency-key", and its result is recorded before the
+// model sees it. A run that resumes (after a crash, a cancel, a move to
+// another replica) replays recorded calls instead of calling again; a call
+// that was sent but whose result was not recorded is sent again with the same
+// key, so a write tool that deduplicates on the key runs once.
+type Tool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name the model calls it by. Required, unique within the snapshot, 1 to
+	// 64 characters from [A-Za-z0-9_-] (what OpenAI-compatible servers accept).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// What the tool does, for the model. At most 4 KiB.
+	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// The JSON Schema of the tool's arguments: a JSON object whose "type" is
+	// "object". Required, at most 16 KiB. Checked to be a valid JSON Schema.
+	InputSchemaJson string `protobuf:"bytes,3,opt,name=input_schema_json,json=inputSchemaJson,proto3" json:"input_schema_json,omitempty"`
+	// The ToolServer the tool lives on. Required; must be one of
+	// Session.tool_servers.
+	ServerId string `protobuf:"bytes,4,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	// Whether a person must approve each call before it runs. Unset means
+	// APPROVAL_POLICY_NEVER.
+	Approval ApprovalPolicy `protobuf:"varint,5,opt,name=approval,proto3,enum=roundtable.v1.ApprovalPolicy" json:"approval,omitempty"`
+	// True when the tool changes nothing (a lookup): a call that failed on the
+	// way is retried by the harness, and no pre-call record is written. A
+	// write tool (false) is never retried within an attempt; see the key above.
+	ReadOnly bool `protobuf:"varint,6,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// Per-attempt timeout in milliseconds (default 30,000, at most 600,000).
+	TimeoutMs     uint32 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tool) Reset() {
+	*x = Tool{}
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tool) ProtoMessage() {}
+
+func (x *Tool) ProtoReflect() protoreflect.Message {
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tool.ProtoReflect.Descriptor instead.
+func (*Tool) Descriptor() ([]byte, []int) {
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Tool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tool) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Tool) GetInputSchemaJson() string {
+	if x != nil {
+		return x.InputSchemaJson
+	}
+	return ""
+}
+
+func (x *Tool) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *Tool) GetApproval() ApprovalPolicy {
+	if x != nil {
+		return x.Approval
+	}
+	return ApprovalPolicy_APPROVAL_POLICY_UNSPECIFIED
+}
+
+func (x *Tool) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *Tool) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
 // Budgets bound one turn. A zero field means "use the server default"; the
 // defaults are given per field.
 type Budgets struct {
@@ -478,13 +743,20 @@ type Budgets struct {
 	// Speakers answering at once in a SPEAKER_CONCURRENCY_PARALLEL session
 	// (default 4, at most 16). Ignored in a sequential one.
 	MaxParallelSpeakers uint32 `protobuf:"varint,5,opt,name=max_parallel_speakers,json=maxParallelSpeakers,proto3" json:"max_parallel_speakers,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Tool calls one speaker may make in one reply (default 4, at most 32).
+	// Past it, the model is asked to answer without more tools.
+	MaxToolCallsPerSpeaker uint32 `protobuf:"varint,6,opt,name=max_tool_calls_per_speaker,json=maxToolCallsPerSpeaker,proto3" json:"max_tool_calls_per_speaker,omitempty"`
+	// How long a permission request waits for a decision, in seconds (default
+	// 86,400, at most 2,592,000: 30 days). Past it the call counts as denied
+	// with the reason "expired".
+	ApprovalTimeoutSeconds uint32 `protobuf:"varint,7,opt,name=approval_timeout_seconds,json=approvalTimeoutSeconds,proto3" json:"approval_timeout_seconds,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *Budgets) Reset() {
 	*x = Budgets{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[3]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +768,7 @@ func (x *Budgets) String() string {
 func (*Budgets) ProtoMessage() {}
 
 func (x *Budgets) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[3]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +781,7 @@ func (x *Budgets) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budgets.ProtoReflect.Descriptor instead.
 func (*Budgets) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{3}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Budgets) GetMaxSpeakers() uint32 {
@@ -547,6 +819,20 @@ func (x *Budgets) GetMaxParallelSpeakers() uint32 {
 	return 0
 }
 
+func (x *Budgets) GetMaxToolCallsPerSpeaker() uint32 {
+	if x != nil {
+		return x.MaxToolCallsPerSpeaker
+	}
+	return 0
+}
+
+func (x *Budgets) GetApprovalTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.ApprovalTimeoutSeconds
+	}
+	return 0
+}
+
 // ModelRef names the model a member (or the supervisor) talks to, and where
 // to turn when it fails.
 type ModelRef struct {
@@ -567,7 +853,7 @@ type ModelRef struct {
 
 func (x *ModelRef) Reset() {
 	*x = ModelRef{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[4]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +865,7 @@ func (x *ModelRef) String() string {
 func (*ModelRef) ProtoMessage() {}
 
 func (x *ModelRef) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[4]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +878,7 @@ func (x *ModelRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelRef.ProtoReflect.Descriptor instead.
 func (*ModelRef) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{4}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ModelRef) GetTarget() *ModelTarget {
@@ -645,7 +931,7 @@ type ModelTarget struct {
 
 func (x *ModelTarget) Reset() {
 	*x = ModelTarget{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[5]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +943,7 @@ func (x *ModelTarget) String() string {
 func (*ModelTarget) ProtoMessage() {}
 
 func (x *ModelTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[5]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +956,7 @@ func (x *ModelTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelTarget.ProtoReflect.Descriptor instead.
 func (*ModelTarget) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{5}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ModelTarget) GetProvider() string {
@@ -724,14 +1010,17 @@ type Member struct {
 	Skills []*Skill `protobuf:"bytes,7,rep,name=skills,proto3" json:"skills,omitempty"`
 	// What the member remembers; the most relevant ones go into its prompt.
 	// At most 1,000.
-	Memories      []*Memory `protobuf:"bytes,8,rep,name=memories,proto3" json:"memories,omitempty"`
+	Memories []*Memory `protobuf:"bytes,8,rep,name=memories,proto3" json:"memories,omitempty"`
+	// The tools (Tool.name) this member may call. Each must be one of
+	// Session.tools; at most 64. Empty: the member calls no tools.
+	ToolNames     []string `protobuf:"bytes,9,rep,name=tool_names,json=toolNames,proto3" json:"tool_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[6]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1032,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[6]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1045,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{6}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Member) GetMemberId() string {
@@ -815,6 +1104,13 @@ func (x *Member) GetMemories() []*Memory {
 	return nil
 }
 
+func (x *Member) GetToolNames() []string {
+	if x != nil {
+		return x.ToolNames
+	}
+	return nil
+}
+
 // Skill is a capability compiled into a member's prompt.
 type Skill struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -831,7 +1127,7 @@ type Skill struct {
 
 func (x *Skill) Reset() {
 	*x = Skill{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[7]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +1139,7 @@ func (x *Skill) String() string {
 func (*Skill) ProtoMessage() {}
 
 func (x *Skill) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[7]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +1152,7 @@ func (x *Skill) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Skill.ProtoReflect.Descriptor instead.
 func (*Skill) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{7}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Skill) GetSkillId() string {
@@ -899,7 +1195,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[8]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1207,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[8]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1220,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{8}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Memory) GetMemoryId() string {
@@ -974,7 +1270,7 @@ type HistoryMessage struct {
 
 func (x *HistoryMessage) Reset() {
 	*x = HistoryMessage{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[9]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1282,7 @@ func (x *HistoryMessage) String() string {
 func (*HistoryMessage) ProtoMessage() {}
 
 func (x *HistoryMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[9]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1295,7 @@ func (x *HistoryMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryMessage.ProtoReflect.Descriptor instead.
 func (*HistoryMessage) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{9}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HistoryMessage) GetMessageId() string {
@@ -1058,7 +1354,7 @@ type UserTurn struct {
 
 func (x *UserTurn) Reset() {
 	*x = UserTurn{}
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[10]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1366,7 @@ func (x *UserTurn) String() string {
 func (*UserTurn) ProtoMessage() {}
 
 func (x *UserTurn) ProtoReflect() protoreflect.Message {
-	mi := &file_roundtable_v1_snapshot_proto_msgTypes[10]
+	mi := &file_roundtable_v1_snapshot_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1379,7 @@ func (x *UserTurn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserTurn.ProtoReflect.Descriptor instead.
 func (*UserTurn) Descriptor() ([]byte, []int) {
-	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{10}
+	return file_roundtable_v1_snapshot_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UserTurn) GetMessageId() string {
@@ -1130,7 +1426,7 @@ const file_roundtable_v1_snapshot_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\v2\x16.roundtable.v1.SessionR\asession\x12/\n" +
 	"\amembers\x18\x02 \x03(\v2\x15.roundtable.v1.MemberR\amembers\x127\n" +
 	"\ahistory\x18\x03 \x03(\v2\x1d.roundtable.v1.HistoryMessageR\ahistory\x124\n" +
-	"\tuser_turn\x18\x04 \x01(\v2\x17.roundtable.v1.UserTurnR\buserTurn\"\xc8\x02\n" +
+	"\tuser_turn\x18\x04 \x01(\v2\x17.roundtable.v1.UserTurnR\buserTurn\"\xb1\x03\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12.\n" +
@@ -1138,14 +1434,32 @@ const file_roundtable_v1_snapshot_proto_rawDesc = "" +
 	"\x11primary_member_id\x18\x03 \x01(\tR\x0fprimaryMemberId\x12<\n" +
 	"\rdefault_model\x18\x04 \x01(\v2\x17.roundtable.v1.ModelRefR\fdefaultModel\x120\n" +
 	"\abudgets\x18\x05 \x01(\v2\x16.roundtable.v1.BudgetsR\abudgets\x12R\n" +
-	"\x13speaker_concurrency\x18\x06 \x01(\x0e2!.roundtable.v1.SpeakerConcurrencyR\x12speakerConcurrency\"\xdb\x01\n" +
+	"\x13speaker_concurrency\x18\x06 \x01(\x0e2!.roundtable.v1.SpeakerConcurrencyR\x12speakerConcurrency\x12<\n" +
+	"\ftool_servers\x18\a \x03(\v2\x19.roundtable.v1.ToolServerR\vtoolServers\x12)\n" +
+	"\x05tools\x18\b \x03(\v2\x13.roundtable.v1.ToolR\x05tools\"b\n" +
+	"\n" +
+	"ToolServer\x12\x1b\n" +
+	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12%\n" +
+	"\x0ecredential_ref\x18\x03 \x01(\tR\rcredentialRef\"\xfc\x01\n" +
+	"\x04Tool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12*\n" +
+	"\x11input_schema_json\x18\x03 \x01(\tR\x0finputSchemaJson\x12\x1b\n" +
+	"\tserver_id\x18\x04 \x01(\tR\bserverId\x129\n" +
+	"\bapproval\x18\x05 \x01(\x0e2\x1d.roundtable.v1.ApprovalPolicyR\bapproval\x12\x1b\n" +
+	"\tread_only\x18\x06 \x01(\bR\breadOnly\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\a \x01(\rR\ttimeoutMs\"\xd1\x02\n" +
 	"\aBudgets\x12!\n" +
 	"\fmax_speakers\x18\x01 \x01(\rR\vmaxSpeakers\x12\x1d\n" +
 	"\n" +
 	"max_rounds\x18\x02 \x01(\rR\tmaxRounds\x12*\n" +
 	"\x11max_output_tokens\x18\x03 \x01(\rR\x0fmaxOutputTokens\x12.\n" +
 	"\x13run_timeout_seconds\x18\x04 \x01(\rR\x11runTimeoutSeconds\x122\n" +
-	"\x15max_parallel_speakers\x18\x05 \x01(\rR\x13maxParallelSpeakers\"\xce\x01\n" +
+	"\x15max_parallel_speakers\x18\x05 \x01(\rR\x13maxParallelSpeakers\x12:\n" +
+	"\x1amax_tool_calls_per_speaker\x18\x06 \x01(\rR\x16maxToolCallsPerSpeaker\x128\n" +
+	"\x18approval_timeout_seconds\x18\a \x01(\rR\x16approvalTimeoutSeconds\"\xce\x01\n" +
 	"\bModelRef\x122\n" +
 	"\x06target\x18\x01 \x01(\v2\x1a.roundtable.v1.ModelTargetR\x06target\x128\n" +
 	"\tfallbacks\x18\x02 \x03(\v2\x1a.roundtable.v1.ModelTargetR\tfallbacks\x12%\n" +
@@ -1157,7 +1471,7 @@ const file_roundtable_v1_snapshot_proto_rawDesc = "" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x19\n" +
 	"\bbase_url\x18\x03 \x01(\tR\abaseUrl\x12%\n" +
-	"\x0ecredential_ref\x18\x04 \x01(\tR\rcredentialRef\"\xad\x02\n" +
+	"\x0ecredential_ref\x18\x04 \x01(\tR\rcredentialRef\"\xcc\x02\n" +
 	"\x06Member\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12!\n" +
 	"\fdisplay_name\x18\x02 \x01(\tR\vdisplayName\x12\x18\n" +
@@ -1167,7 +1481,9 @@ const file_roundtable_v1_snapshot_proto_rawDesc = "" +
 	"styleRules\x12-\n" +
 	"\x05model\x18\x06 \x01(\v2\x17.roundtable.v1.ModelRefR\x05model\x12,\n" +
 	"\x06skills\x18\a \x03(\v2\x14.roundtable.v1.SkillR\x06skills\x121\n" +
-	"\bmemories\x18\b \x03(\v2\x15.roundtable.v1.MemoryR\bmemories\"Z\n" +
+	"\bmemories\x18\b \x03(\v2\x15.roundtable.v1.MemoryR\bmemories\x12\x1d\n" +
+	"\n" +
+	"tool_names\x18\t \x03(\tR\ttoolNames\"Z\n" +
 	"\x05Skill\x12\x19\n" +
 	"\bskill_id\x18\x01 \x01(\tR\askillId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\"\n" +
@@ -1194,7 +1510,11 @@ const file_roundtable_v1_snapshot_proto_rawDesc = "" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1a\n" +
 	"\bmentions\x18\x03 \x03(\tR\bmentions\x12\x1f\n" +
 	"\vmention_all\x18\x04 \x01(\bR\n" +
-	"mentionAll*\x7f\n" +
+	"mentionAll*h\n" +
+	"\x0eApprovalPolicy\x12\x1f\n" +
+	"\x1bAPPROVAL_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15APPROVAL_POLICY_NEVER\x10\x01\x12\x1a\n" +
+	"\x16APPROVAL_POLICY_ALWAYS\x10\x02*\x7f\n" +
 	"\x12SpeakerConcurrency\x12#\n" +
 	"\x1fSPEAKER_CONCURRENCY_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eSPEAKER_CONCURRENCY_SEQUENTIAL\x10\x01\x12 \n" +
@@ -1220,47 +1540,53 @@ func file_roundtable_v1_snapshot_proto_rawDescGZIP() []byte {
 	return file_roundtable_v1_snapshot_proto_rawDescData
 }
 
-var file_roundtable_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_roundtable_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_roundtable_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_roundtable_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_roundtable_v1_snapshot_proto_goTypes = []any{
-	(SpeakerConcurrency)(0),       // 0: roundtable.v1.SpeakerConcurrency
-	(SessionKind)(0),              // 1: roundtable.v1.SessionKind
-	(MessageRole)(0),              // 2: roundtable.v1.MessageRole
-	(*RunContext)(nil),            // 3: roundtable.v1.RunContext
-	(*Snapshot)(nil),              // 4: roundtable.v1.Snapshot
-	(*Session)(nil),               // 5: roundtable.v1.Session
-	(*Budgets)(nil),               // 6: roundtable.v1.Budgets
-	(*ModelRef)(nil),              // 7: roundtable.v1.ModelRef
-	(*ModelTarget)(nil),           // 8: roundtable.v1.ModelTarget
-	(*Member)(nil),                // 9: roundtable.v1.Member
-	(*Skill)(nil),                 // 10: roundtable.v1.Skill
-	(*Memory)(nil),                // 11: roundtable.v1.Memory
-	(*HistoryMessage)(nil),        // 12: roundtable.v1.HistoryMessage
-	(*UserTurn)(nil),              // 13: roundtable.v1.UserTurn
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(ApprovalPolicy)(0),           // 0: roundtable.v1.ApprovalPolicy
+	(SpeakerConcurrency)(0),       // 1: roundtable.v1.SpeakerConcurrency
+	(SessionKind)(0),              // 2: roundtable.v1.SessionKind
+	(MessageRole)(0),              // 3: roundtable.v1.MessageRole
+	(*RunContext)(nil),            // 4: roundtable.v1.RunContext
+	(*Snapshot)(nil),              // 5: roundtable.v1.Snapshot
+	(*Session)(nil),               // 6: roundtable.v1.Session
+	(*ToolServer)(nil),            // 7: roundtable.v1.ToolServer
+	(*Tool)(nil),                  // 8: roundtable.v1.Tool
+	(*Budgets)(nil),               // 9: roundtable.v1.Budgets
+	(*ModelRef)(nil),              // 10: roundtable.v1.ModelRef
+	(*ModelTarget)(nil),           // 11: roundtable.v1.ModelTarget
+	(*Member)(nil),                // 12: roundtable.v1.Member
+	(*Skill)(nil),                 // 13: roundtable.v1.Skill
+	(*Memory)(nil),                // 14: roundtable.v1.Memory
+	(*HistoryMessage)(nil),        // 15: roundtable.v1.HistoryMessage
+	(*UserTurn)(nil),              // 16: roundtable.v1.UserTurn
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_roundtable_v1_snapshot_proto_depIdxs = []int32{
-	5,  // 0: roundtable.v1.Snapshot.session:type_name -> roundtable.v1.Session
-	9,  // 1: roundtable.v1.Snapshot.members:type_name -> roundtable.v1.Member
-	12, // 2: roundtable.v1.Snapshot.history:type_name -> roundtable.v1.HistoryMessage
-	13, // 3: roundtable.v1.Snapshot.user_turn:type_name -> roundtable.v1.UserTurn
-	1,  // 4: roundtable.v1.Session.kind:type_name -> roundtable.v1.SessionKind
-	7,  // 5: roundtable.v1.Session.default_model:type_name -> roundtable.v1.ModelRef
-	6,  // 6: roundtable.v1.Session.budgets:type_name -> roundtable.v1.Budgets
-	0,  // 7: roundtable.v1.Session.speaker_concurrency:type_name -> roundtable.v1.SpeakerConcurrency
-	8,  // 8: roundtable.v1.ModelRef.target:type_name -> roundtable.v1.ModelTarget
-	8,  // 9: roundtable.v1.ModelRef.fallbacks:type_name -> roundtable.v1.ModelTarget
-	7,  // 10: roundtable.v1.Member.model:type_name -> roundtable.v1.ModelRef
-	10, // 11: roundtable.v1.Member.skills:type_name -> roundtable.v1.Skill
-	11, // 12: roundtable.v1.Member.memories:type_name -> roundtable.v1.Memory
-	14, // 13: roundtable.v1.Memory.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 14: roundtable.v1.HistoryMessage.role:type_name -> roundtable.v1.MessageRole
-	14, // 15: roundtable.v1.HistoryMessage.created_at:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	6,  // 0: roundtable.v1.Snapshot.session:type_name -> roundtable.v1.Session
+	12, // 1: roundtable.v1.Snapshot.members:type_name -> roundtable.v1.Member
+	15, // 2: roundtable.v1.Snapshot.history:type_name -> roundtable.v1.HistoryMessage
+	16, // 3: roundtable.v1.Snapshot.user_turn:type_name -> roundtable.v1.UserTurn
+	2,  // 4: roundtable.v1.Session.kind:type_name -> roundtable.v1.SessionKind
+	10, // 5: roundtable.v1.Session.default_model:type_name -> roundtable.v1.ModelRef
+	9,  // 6: roundtable.v1.Session.budgets:type_name -> roundtable.v1.Budgets
+	1,  // 7: roundtable.v1.Session.speaker_concurrency:type_name -> roundtable.v1.SpeakerConcurrency
+	7,  // 8: roundtable.v1.Session.tool_servers:type_name -> roundtable.v1.ToolServer
+	8,  // 9: roundtable.v1.Session.tools:type_name -> roundtable.v1.Tool
+	0,  // 10: roundtable.v1.Tool.approval:type_name -> roundtable.v1.ApprovalPolicy
+	11, // 11: roundtable.v1.ModelRef.target:type_name -> roundtable.v1.ModelTarget
+	11, // 12: roundtable.v1.ModelRef.fallbacks:type_name -> roundtable.v1.ModelTarget
+	10, // 13: roundtable.v1.Member.model:type_name -> roundtable.v1.ModelRef
+	13, // 14: roundtable.v1.Member.skills:type_name -> roundtable.v1.Skill
+	14, // 15: roundtable.v1.Member.memories:type_name -> roundtable.v1.Memory
+	17, // 16: roundtable.v1.Memory.updated_at:type_name -> google.protobuf.Timestamp
+	3,  // 17: roundtable.v1.HistoryMessage.role:type_name -> roundtable.v1.MessageRole
+	17, // 18: roundtable.v1.HistoryMessage.created_at:type_name -> google.protobuf.Timestamp
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_roundtable_v1_snapshot_proto_init() }
@@ -1268,14 +1594,14 @@ func file_roundtable_v1_snapshot_proto_init() {
 	if File_roundtable_v1_snapshot_proto != nil {
 		return
 	}
-	file_roundtable_v1_snapshot_proto_msgTypes[4].OneofWrappers = []any{}
+	file_roundtable_v1_snapshot_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_roundtable_v1_snapshot_proto_rawDesc), len(file_roundtable_v1_snapshot_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   11,
+			NumEnums:      4,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -43,6 +43,14 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_REPLACED: _ClassVar[FinishReason]
 
+class ToolCallOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CALL_OUTCOME_UNSPECIFIED: _ClassVar[ToolCallOutcome]
+    TOOL_CALL_OUTCOME_OK: _ClassVar[ToolCallOutcome]
+    TOOL_CALL_OUTCOME_DENIED: _ClassVar[ToolCallOutcome]
+    TOOL_CALL_OUTCOME_EXPIRED: _ClassVar[ToolCallOutcome]
+    TOOL_CALL_OUTCOME_FAILED: _ClassVar[ToolCallOutcome]
+
 class MemoryAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MEMORY_ACTION_UNSPECIFIED: _ClassVar[MemoryAction]
@@ -69,6 +77,11 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_REPLACED: FinishReason
+TOOL_CALL_OUTCOME_UNSPECIFIED: ToolCallOutcome
+TOOL_CALL_OUTCOME_OK: ToolCallOutcome
+TOOL_CALL_OUTCOME_DENIED: ToolCallOutcome
+TOOL_CALL_OUTCOME_EXPIRED: ToolCallOutcome
+TOOL_CALL_OUTCOME_FAILED: ToolCallOutcome
 MEMORY_ACTION_UNSPECIFIED: MemoryAction
 MEMORY_ACTION_CREATE: MemoryAction
 MEMORY_ACTION_UPDATE: MemoryAction
@@ -185,7 +198,7 @@ class TokenUsage(_message.Message):
     def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class AssistantFinal(_message.Message):
-    __slots__ = ("reply_id", "member_id", "step", "content", "model", "usage", "finish_reason", "attempts", "output_tokens_counted")
+    __slots__ = ("reply_id", "member_id", "step", "content", "model", "usage", "finish_reason", "attempts", "output_tokens_counted", "tool_calls")
     REPLY_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +208,7 @@ class AssistantFinal(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_COUNTED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     reply_id: str
     member_id: str
     step: int
@@ -204,7 +218,18 @@ class AssistantFinal(_message.Message):
     finish_reason: FinishReason
     attempts: int
     output_tokens_counted: bool
-    def __init__(self, reply_id: _Optional[str] = ..., member_id: _Optional[str] = ..., step: _Optional[int] = ..., content: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., output_tokens_counted: _Optional[bool] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallSummary]
+    def __init__(self, reply_id: _Optional[str] = ..., member_id: _Optional[str] = ..., step: _Optional[int] = ..., content: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., attempts: _Optional[int] = ..., output_tokens_counted: _Optional[bool] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallSummary, _Mapping]]] = ...) -> None: ...
+
+class ToolCallSummary(_message.Message):
+    __slots__ = ("call_id", "tool_name", "outcome")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    tool_name: str
+    outcome: ToolCallOutcome
+    def __init__(self, call_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., outcome: _Optional[_Union[ToolCallOutcome, str]] = ...) -> None: ...
 
 class SpeakerFailed(_message.Message):
     __slots__ = ("reply_id", "member_id", "step", "code", "message", "attempts")
@@ -247,16 +272,26 @@ class MemoryProposed(_message.Message):
     def __init__(self, proposals: _Optional[_Iterable[_Union[MemoryProposal, _Mapping]]] = ...) -> None: ...
 
 class PermissionRequired(_message.Message):
-    __slots__ = ("permission_request_id", "member_id", "action", "arguments")
+    __slots__ = ("permission_request_id", "member_id", "action", "arguments", "reply_id", "step", "tool_name", "arguments_json", "expires_at")
     PERMISSION_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLY_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     permission_request_id: str
     member_id: str
     action: str
     arguments: _struct_pb2.Struct
-    def __init__(self, permission_request_id: _Optional[str] = ..., member_id: _Optional[str] = ..., action: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    reply_id: str
+    step: int
+    tool_name: str
+    arguments_json: str
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, permission_request_id: _Optional[str] = ..., member_id: _Optional[str] = ..., action: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., reply_id: _Optional[str] = ..., step: _Optional[int] = ..., tool_name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RunCancelled(_message.Message):
     __slots__ = ("reason", "finished_reply_ids", "steps_left")

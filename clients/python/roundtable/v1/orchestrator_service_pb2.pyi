@@ -37,6 +37,12 @@ class CancelOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CANCEL_OUTCOME_REQUESTED: _ClassVar[CancelOutcome]
     CANCEL_OUTCOME_ALREADY_ENDED: _ClassVar[CancelOutcome]
 
+class PermissionDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PERMISSION_DECISION_UNSPECIFIED: _ClassVar[PermissionDecision]
+    PERMISSION_DECISION_APPROVE: _ClassVar[PermissionDecision]
+    PERMISSION_DECISION_DENY: _ClassVar[PermissionDecision]
+
 class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RUN_STATUS_UNSPECIFIED: _ClassVar[RunStatus]
@@ -47,6 +53,7 @@ class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATUS_INTERRUPTED: _ClassVar[RunStatus]
     RUN_STATUS_FAILED: _ClassVar[RunStatus]
     RUN_STATUS_CONTINUED: _ClassVar[RunStatus]
+    RUN_STATUS_AWAITING_APPROVAL: _ClassVar[RunStatus]
 DISCONNECT_POLICY_UNSPECIFIED: DisconnectPolicy
 DISCONNECT_POLICY_CONTINUE: DisconnectPolicy
 DISCONNECT_POLICY_CANCEL: DisconnectPolicy
@@ -60,6 +67,9 @@ CANCEL_MODE_IMMEDIATE: CancelMode
 CANCEL_OUTCOME_UNSPECIFIED: CancelOutcome
 CANCEL_OUTCOME_REQUESTED: CancelOutcome
 CANCEL_OUTCOME_ALREADY_ENDED: CancelOutcome
+PERMISSION_DECISION_UNSPECIFIED: PermissionDecision
+PERMISSION_DECISION_APPROVE: PermissionDecision
+PERMISSION_DECISION_DENY: PermissionDecision
 RUN_STATUS_UNSPECIFIED: RunStatus
 RUN_STATUS_QUEUED: RunStatus
 RUN_STATUS_RUNNING: RunStatus
@@ -68,6 +78,7 @@ RUN_STATUS_CANCELLED: RunStatus
 RUN_STATUS_INTERRUPTED: RunStatus
 RUN_STATUS_FAILED: RunStatus
 RUN_STATUS_CONTINUED: RunStatus
+RUN_STATUS_AWAITING_APPROVAL: RunStatus
 
 class StartRunRequest(_message.Message):
     __slots__ = ("context", "snapshot", "credentials", "options")
@@ -154,6 +165,34 @@ class GetRunRequest(_message.Message):
     tenant: str
     def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
+class ResolvePermissionRequest(_message.Message):
+    __slots__ = ("run_id", "tenant", "permission_request_id", "decision", "edited_arguments_json", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    EDITED_ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    tenant: str
+    permission_request_id: str
+    decision: PermissionDecision
+    edited_arguments_json: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., permission_request_id: _Optional[str] = ..., decision: _Optional[_Union[PermissionDecision, str]] = ..., edited_arguments_json: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResolvePermissionResponse(_message.Message):
+    __slots__ = ("decision", "decided_at", "run", "resumed")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    decision: PermissionDecision
+    decided_at: _timestamp_pb2.Timestamp
+    run: Run
+    resumed: bool
+    def __init__(self, decision: _Optional[_Union[PermissionDecision, str]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run: _Optional[_Union[Run, _Mapping]] = ..., resumed: _Optional[bool] = ...) -> None: ...
+
 class GetRunResponse(_message.Message):
     __slots__ = ("run",)
     RUN_FIELD_NUMBER: _ClassVar[int]
@@ -161,7 +200,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "thread_id", "tenant", "status", "plan", "finished_reply_ids", "last_seq", "created_at", "updated_at", "continued_by_run_id")
+    __slots__ = ("run_id", "thread_id", "tenant", "status", "plan", "finished_reply_ids", "last_seq", "created_at", "updated_at", "continued_by_run_id", "pending_permissions")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +211,7 @@ class Run(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     CONTINUED_BY_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PENDING_PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     thread_id: str
     tenant: str
@@ -182,4 +222,5 @@ class Run(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
     continued_by_run_id: str
-    def __init__(self, run_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., tenant: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., plan: _Optional[_Iterable[_Union[_events_pb2.PlanStep, _Mapping]]] = ..., finished_reply_ids: _Optional[_Iterable[str]] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., continued_by_run_id: _Optional[str] = ...) -> None: ...
+    pending_permissions: _containers.RepeatedCompositeFieldContainer[_events_pb2.PermissionRequired]
+    def __init__(self, run_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., tenant: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., plan: _Optional[_Iterable[_Union[_events_pb2.PlanStep, _Mapping]]] = ..., finished_reply_ids: _Optional[_Iterable[str]] = ..., last_seq: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., continued_by_run_id: _Optional[str] = ..., pending_permissions: _Optional[_Iterable[_Union[_events_pb2.PermissionRequired, _Mapping]]] = ...) -> None: ...

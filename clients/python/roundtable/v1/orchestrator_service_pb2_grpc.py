@@ -45,11 +45,17 @@ class OrchestratorServiceStub:
     different snapshot.
     NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
     tenant's run looks exactly like a missing one).
+    [PERMISSION_NOT_FOUND] no such permission request in
+    this tenant's run (the same for another tenant's).
     FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
     REJECT. [STREAM_GAP] a StreamRun cannot be continued
     from after_seq. [RUN_CONTINUED] the run's last execution
     stopped before its end and a later run continued it (its
     stream replays the log, then ends so).
+    [PERMISSION_DECIDED] a ResolvePermission whose decision
+    differs from the one already recorded (the message
+    names the recorded one: approve, deny, expired or
+    cancelled).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
     delay: [TOO_MANY_RUNS] runs executing in the process or
     for the tenant, [TOO_MANY_CALLS] calls in flight for this
@@ -97,6 +103,11 @@ class OrchestratorServiceStub:
                 request_serializer=roundtable_dot_v1_dot_orchestrator__service__pb2.GetRunRequest.SerializeToString,
                 response_deserializer=roundtable_dot_v1_dot_orchestrator__service__pb2.GetRunResponse.FromString,
                 _registered_method=True)
+        self.ResolvePermission = channel.unary_unary(
+                '/roundtable.v1.OrchestratorService/ResolvePermission',
+                request_serializer=roundtable_dot_v1_dot_orchestrator__service__pb2.ResolvePermissionRequest.SerializeToString,
+                response_deserializer=roundtable_dot_v1_dot_orchestrator__service__pb2.ResolvePermissionResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -119,11 +130,17 @@ class OrchestratorServiceServicer:
     different snapshot.
     NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
     tenant's run looks exactly like a missing one).
+    [PERMISSION_NOT_FOUND] no such permission request in
+    this tenant's run (the same for another tenant's).
     FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
     REJECT. [STREAM_GAP] a StreamRun cannot be continued
     from after_seq. [RUN_CONTINUED] the run's last execution
     stopped before its end and a later run continued it (its
     stream replays the log, then ends so).
+    [PERMISSION_DECIDED] a ResolvePermission whose decision
+    differs from the one already recorded (the message
+    names the recorded one: approve, deny, expired or
+    cancelled).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
     delay: [TOO_MANY_RUNS] runs executing in the process or
     for the tenant, [TOO_MANY_CALLS] calls in flight for this
@@ -197,6 +214,22 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolvePermission(self, request, context):
+        """ResolvePermission answers a permission_required: approve the tool call
+        (optionally with edited arguments) or deny it (with a reason the member
+        sees). It answers once the decision is durable, on any replica, even one
+        that never ran the run; the run then resumes from that call on this
+        replica or the one holding its lease, and its events reach any stream
+        attached to it (or StreamRun). A decision recorded while no server ran the
+        run is acted on when the run is next started, followed or read.
+        Idempotent: the same decision again answers the same. Errors:
+        INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
+        FAILED_PRECONDITION [PERMISSION_DECIDED].
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +252,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=roundtable_dot_v1_dot_orchestrator__service__pb2.GetRunRequest.FromString,
                     response_serializer=roundtable_dot_v1_dot_orchestrator__service__pb2.GetRunResponse.SerializeToString,
+            ),
+            'ResolvePermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolvePermission,
+                    request_deserializer=roundtable_dot_v1_dot_orchestrator__service__pb2.ResolvePermissionRequest.FromString,
+                    response_serializer=roundtable_dot_v1_dot_orchestrator__service__pb2.ResolvePermissionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -248,11 +286,17 @@ class OrchestratorService:
     different snapshot.
     NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
     tenant's run looks exactly like a missing one).
+    [PERMISSION_NOT_FOUND] no such permission request in
+    this tenant's run (the same for another tenant's).
     FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
     REJECT. [STREAM_GAP] a StreamRun cannot be continued
     from after_seq. [RUN_CONTINUED] the run's last execution
     stopped before its end and a later run continued it (its
     stream replays the log, then ends so).
+    [PERMISSION_DECIDED] a ResolvePermission whose decision
+    differs from the one already recorded (the message
+    names the recorded one: approve, deny, expired or
+    cancelled).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
     delay: [TOO_MANY_RUNS] runs executing in the process or
     for the tenant, [TOO_MANY_CALLS] calls in flight for this
@@ -372,6 +416,33 @@ class OrchestratorService:
             '/roundtable.v1.OrchestratorService/GetRun',
             roundtable_dot_v1_dot_orchestrator__service__pb2.GetRunRequest.SerializeToString,
             roundtable_dot_v1_dot_orchestrator__service__pb2.GetRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolvePermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/roundtable.v1.OrchestratorService/ResolvePermission',
+            roundtable_dot_v1_dot_orchestrator__service__pb2.ResolvePermissionRequest.SerializeToString,
+            roundtable_dot_v1_dot_orchestrator__service__pb2.ResolvePermissionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1croundtable/v1/snapshot.proto\x12\rroundtable.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"S\n\nRunContext\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06tenant\x18\x04 \x01(\t\"\xb7\x01\n\x08Snapshot\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.roundtable.v1.Session\x12&\n\x07members\x18\x02 \x03(\x0b\x32\x15.roundtable.v1.Member\x12.\n\x07history\x18\x03 \x03(\x0b\x32\x1d.roundtable.v1.HistoryMessage\x12*\n\tuser_turn\x18\x04 \x01(\x0b\x32\x17.roundtable.v1.UserTurn\"\xfb\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.roundtable.v1.SessionKind\x12\x19\n\x11primary_member_id\x18\x03 \x01(\t\x12.\n\rdefault_model\x18\x04 \x01(\x0b\x32\x17.roundtable.v1.ModelRef\x12\'\n\x07\x62udgets\x18\x05 \x01(\x0b\x32\x16.roundtable.v1.Budgets\x12>\n\x13speaker_concurrency\x18\x06 \x01(\x0e\x32!.roundtable.v1.SpeakerConcurrency\"\x8a\x01\n\x07\x42udgets\x12\x14\n\x0cmax_speakers\x18\x01 \x01(\r\x12\x12\n\nmax_rounds\x18\x02 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x03 \x01(\r\x12\x1b\n\x13run_timeout_seconds\x18\x04 \x01(\r\x12\x1d\n\x15max_parallel_speakers\x18\x05 \x01(\r\"\xa3\x01\n\x08ModelRef\x12*\n\x06target\x18\x01 \x01(\x0b\x32\x1a.roundtable.v1.ModelTarget\x12-\n\tfallbacks\x18\x02 \x03(\x0b\x32\x1a.roundtable.v1.ModelTarget\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\ntimeout_ms\x18\x04 \x01(\rB\x0e\n\x0c_temperature\"X\n\x0bModelTarget\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x04 \x01(\t\"\xdf\x01\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61liases\x18\x03 \x03(\t\x12\x0f\n\x07persona\x18\x04 \x01(\t\x12\x13\n\x0bstyle_rules\x18\x05 \x03(\t\x12&\n\x05model\x18\x06 \x01(\x0b\x32\x17.roundtable.v1.ModelRef\x12$\n\x06skills\x18\x07 \x03(\x0b\x32\x14.roundtable.v1.Skill\x12\'\n\x08memories\x18\x08 \x03(\x0b\x32\x15.roundtable.v1.Memory\"=\n\x05Skill\x12\x10\n\x08skill_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\"p\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x12\n\nimportance\x18\x03 \x01(\x02\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa2\x01\n\x0eHistoryMessage\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12(\n\x04role\x18\x02 \x01(\x0e\x32\x1a.roundtable.v1.MessageRole\x12\x11\n\tmember_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"S\n\x08UserTurn\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08mentions\x18\x03 \x03(\t\x12\x13\n\x0bmention_all\x18\x04 \x01(\x08*\x7f\n\x12SpeakerConcurrency\x12#\n\x1fSPEAKER_CONCURRENCY_UNSPECIFIED\x10\x00\x12\"\n\x1eSPEAKER_CONCURRENCY_SEQUENTIAL\x10\x01\x12 \n\x1cSPEAKER_CONCURRENCY_PARALLEL\x10\x02*\\\n\x0bSessionKind\x12\x1c\n\x18SESSION_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13SESSION_KIND_SINGLE\x10\x01\x12\x16\n\x12SESSION_KIND_GROUP\x10\x02*^\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x01\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x02\x42HZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1croundtable/v1/snapshot.proto\x12\rroundtable.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"S\n\nRunContext\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tthread_id\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06tenant\x18\x04 \x01(\t\"\xb7\x01\n\x08Snapshot\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.roundtable.v1.Session\x12&\n\x07members\x18\x02 \x03(\x0b\x32\x15.roundtable.v1.Member\x12.\n\x07history\x18\x03 \x03(\x0b\x32\x1d.roundtable.v1.HistoryMessage\x12*\n\tuser_turn\x18\x04 \x01(\x0b\x32\x17.roundtable.v1.UserTurn\"\xd0\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.roundtable.v1.SessionKind\x12\x19\n\x11primary_member_id\x18\x03 \x01(\t\x12.\n\rdefault_model\x18\x04 \x01(\x0b\x32\x17.roundtable.v1.ModelRef\x12\'\n\x07\x62udgets\x18\x05 \x01(\x0b\x32\x16.roundtable.v1.Budgets\x12>\n\x13speaker_concurrency\x18\x06 \x01(\x0e\x32!.roundtable.v1.SpeakerConcurrency\x12/\n\x0ctool_servers\x18\x07 \x03(\x0b\x32\x19.roundtable.v1.ToolServer\x12\"\n\x05tools\x18\x08 \x03(\x0b\x32\x13.roundtable.v1.Tool\"D\n\nToolServer\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x03 \x01(\t\"\xaf\x01\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x11\n\tserver_id\x18\x04 \x01(\t\x12/\n\x08\x61pproval\x18\x05 \x01(\x0e\x32\x1d.roundtable.v1.ApprovalPolicy\x12\x11\n\tread_only\x18\x06 \x01(\x08\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\"\xd0\x01\n\x07\x42udgets\x12\x14\n\x0cmax_speakers\x18\x01 \x01(\r\x12\x12\n\nmax_rounds\x18\x02 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x03 \x01(\r\x12\x1b\n\x13run_timeout_seconds\x18\x04 \x01(\r\x12\x1d\n\x15max_parallel_speakers\x18\x05 \x01(\r\x12\"\n\x1amax_tool_calls_per_speaker\x18\x06 \x01(\r\x12 \n\x18\x61pproval_timeout_seconds\x18\x07 \x01(\r\"\xa3\x01\n\x08ModelRef\x12*\n\x06target\x18\x01 \x01(\x0b\x32\x1a.roundtable.v1.ModelTarget\x12-\n\tfallbacks\x18\x02 \x03(\x0b\x32\x1a.roundtable.v1.ModelTarget\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\ntimeout_ms\x18\x04 \x01(\rB\x0e\n\x0c_temperature\"X\n\x0bModelTarget\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x04 \x01(\t\"\xf3\x01\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61liases\x18\x03 \x03(\t\x12\x0f\n\x07persona\x18\x04 \x01(\t\x12\x13\n\x0bstyle_rules\x18\x05 \x03(\t\x12&\n\x05model\x18\x06 \x01(\x0b\x32\x17.roundtable.v1.ModelRef\x12$\n\x06skills\x18\x07 \x03(\x0b\x32\x14.roundtable.v1.Skill\x12\'\n\x08memories\x18\x08 \x03(\x0b\x32\x15.roundtable.v1.Memory\x12\x12\n\ntool_names\x18\t \x03(\t\"=\n\x05Skill\x12\x10\n\x08skill_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\"p\n\x06Memory\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x12\n\nimportance\x18\x03 \x01(\x02\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa2\x01\n\x0eHistoryMessage\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12(\n\x04role\x18\x02 \x01(\x0e\x32\x1a.roundtable.v1.MessageRole\x12\x11\n\tmember_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"S\n\x08UserTurn\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08mentions\x18\x03 \x03(\t\x12\x13\n\x0bmention_all\x18\x04 \x01(\x08*h\n\x0e\x41pprovalPolicy\x12\x1f\n\x1b\x41PPROVAL_POLICY_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41PPROVAL_POLICY_NEVER\x10\x01\x12\x1a\n\x16\x41PPROVAL_POLICY_ALWAYS\x10\x02*\x7f\n\x12SpeakerConcurrency\x12#\n\x1fSPEAKER_CONCURRENCY_UNSPECIFIED\x10\x00\x12\"\n\x1eSPEAKER_CONCURRENCY_SEQUENTIAL\x10\x01\x12 \n\x1cSPEAKER_CONCURRENCY_PARALLEL\x10\x02*\\\n\x0bSessionKind\x12\x1c\n\x18SESSION_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13SESSION_KIND_SINGLE\x10\x01\x12\x16\n\x12SESSION_KIND_GROUP\x10\x02*^\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x01\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x02\x42HZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,38 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'roundtable.v1.snapshot_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZFgithub.com/roundtable/roundtable/clients/go/roundtable/v1;roundtablev1'
-  _globals['_SPEAKERCONCURRENCY']._serialized_start=1655
-  _globals['_SPEAKERCONCURRENCY']._serialized_end=1782
-  _globals['_SESSIONKIND']._serialized_start=1784
-  _globals['_SESSIONKIND']._serialized_end=1876
-  _globals['_MESSAGEROLE']._serialized_start=1878
-  _globals['_MESSAGEROLE']._serialized_end=1972
+  _globals['_APPROVALPOLICY']._serialized_start=2078
+  _globals['_APPROVALPOLICY']._serialized_end=2182
+  _globals['_SPEAKERCONCURRENCY']._serialized_start=2184
+  _globals['_SPEAKERCONCURRENCY']._serialized_end=2311
+  _globals['_SESSIONKIND']._serialized_start=2313
+  _globals['_SESSIONKIND']._serialized_end=2405
+  _globals['_MESSAGEROLE']._serialized_start=2407
+  _globals['_MESSAGEROLE']._serialized_end=2501
   _globals['_RUNCONTEXT']._serialized_start=80
   _globals['_RUNCONTEXT']._serialized_end=163
   _globals['_SNAPSHOT']._serialized_start=166
   _globals['_SNAPSHOT']._serialized_end=349
   _globals['_SESSION']._serialized_start=352
-  _globals['_SESSION']._serialized_end=603
-  _globals['_BUDGETS']._serialized_start=606
-  _globals['_BUDGETS']._serialized_end=744
-  _globals['_MODELREF']._serialized_start=747
-  _globals['_MODELREF']._serialized_end=910
-  _globals['_MODELTARGET']._serialized_start=912
-  _globals['_MODELTARGET']._serialized_end=1000
-  _globals['_MEMBER']._serialized_start=1003
-  _globals['_MEMBER']._serialized_end=1226
-  _globals['_SKILL']._serialized_start=1228
-  _globals['_SKILL']._serialized_end=1289
-  _globals['_MEMORY']._serialized_start=1291
-  _globals['_MEMORY']._serialized_end=1403
-  _globals['_HISTORYMESSAGE']._serialized_start=1406
-  _globals['_HISTORYMESSAGE']._serialized_end=1568
-  _globals['_USERTURN']._serialized_start=1570
-  _globals['_USERTURN']._serialized_end=1653
+  _globals['_SESSION']._serialized_end=688
+  _globals['_TOOLSERVER']._serialized_start=690
+  _globals['_TOOLSERVER']._serialized_end=758
+  _globals['_TOOL']._serialized_start=761
+  _globals['_TOOL']._serialized_end=936
+  _globals['_BUDGETS']._serialized_start=939
+  _globals['_BUDGETS']._serialized_end=1147
+  _globals['_MODELREF']._serialized_start=1150
+  _globals['_MODELREF']._serialized_end=1313
+  _globals['_MODELTARGET']._serialized_start=1315
+  _globals['_MODELTARGET']._serialized_end=1403
+  _globals['_MEMBER']._serialized_start=1406
+  _globals['_MEMBER']._serialized_end=1649
+  _globals['_SKILL']._serialized_start=1651
+  _globals['_SKILL']._serialized_end=1712
+  _globals['_MEMORY']._serialized_start=1714
+  _globals['_MEMORY']._serialized_end=1826
+  _globals['_HISTORYMESSAGE']._serialized_start=1829
+  _globals['_HISTORYMESSAGE']._serialized_end=1991
+  _globals['_USERTURN']._serialized_start=1993
+  _globals['_USERTURN']._serialized_end=2076
 # @@protoc_insertion_point(module_scope)

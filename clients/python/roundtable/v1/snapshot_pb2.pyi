@@ -10,6 +10,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ApprovalPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPROVAL_POLICY_UNSPECIFIED: _ClassVar[ApprovalPolicy]
+    APPROVAL_POLICY_NEVER: _ClassVar[ApprovalPolicy]
+    APPROVAL_POLICY_ALWAYS: _ClassVar[ApprovalPolicy]
+
 class SpeakerConcurrency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SPEAKER_CONCURRENCY_UNSPECIFIED: _ClassVar[SpeakerConcurrency]
@@ -27,6 +33,9 @@ class MessageRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE_ROLE_UNSPECIFIED: _ClassVar[MessageRole]
     MESSAGE_ROLE_USER: _ClassVar[MessageRole]
     MESSAGE_ROLE_ASSISTANT: _ClassVar[MessageRole]
+APPROVAL_POLICY_UNSPECIFIED: ApprovalPolicy
+APPROVAL_POLICY_NEVER: ApprovalPolicy
+APPROVAL_POLICY_ALWAYS: ApprovalPolicy
 SPEAKER_CONCURRENCY_UNSPECIFIED: SpeakerConcurrency
 SPEAKER_CONCURRENCY_SEQUENTIAL: SpeakerConcurrency
 SPEAKER_CONCURRENCY_PARALLEL: SpeakerConcurrency
@@ -62,34 +71,70 @@ class Snapshot(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[HistoryMessage, _Mapping]]] = ..., user_turn: _Optional[_Union[UserTurn, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "kind", "primary_member_id", "default_model", "budgets", "speaker_concurrency")
+    __slots__ = ("session_id", "kind", "primary_member_id", "default_model", "budgets", "speaker_concurrency", "tool_servers", "tools")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MODEL_FIELD_NUMBER: _ClassVar[int]
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     SPEAKER_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    TOOL_SERVERS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     kind: SessionKind
     primary_member_id: str
     default_model: ModelRef
     budgets: Budgets
     speaker_concurrency: SpeakerConcurrency
-    def __init__(self, session_id: _Optional[str] = ..., kind: _Optional[_Union[SessionKind, str]] = ..., primary_member_id: _Optional[str] = ..., default_model: _Optional[_Union[ModelRef, _Mapping]] = ..., budgets: _Optional[_Union[Budgets, _Mapping]] = ..., speaker_concurrency: _Optional[_Union[SpeakerConcurrency, str]] = ...) -> None: ...
+    tool_servers: _containers.RepeatedCompositeFieldContainer[ToolServer]
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    def __init__(self, session_id: _Optional[str] = ..., kind: _Optional[_Union[SessionKind, str]] = ..., primary_member_id: _Optional[str] = ..., default_model: _Optional[_Union[ModelRef, _Mapping]] = ..., budgets: _Optional[_Union[Budgets, _Mapping]] = ..., speaker_concurrency: _Optional[_Union[SpeakerConcurrency, str]] = ..., tool_servers: _Optional[_Iterable[_Union[ToolServer, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
+
+class ToolServer(_message.Message):
+    __slots__ = ("server_id", "url", "credential_ref")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_REF_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    url: str
+    credential_ref: str
+    def __init__(self, server_id: _Optional[str] = ..., url: _Optional[str] = ..., credential_ref: _Optional[str] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "input_schema_json", "server_id", "approval", "read_only", "timeout_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    input_schema_json: str
+    server_id: str
+    approval: ApprovalPolicy
+    read_only: bool
+    timeout_ms: int
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., server_id: _Optional[str] = ..., approval: _Optional[_Union[ApprovalPolicy, str]] = ..., read_only: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Budgets(_message.Message):
-    __slots__ = ("max_speakers", "max_rounds", "max_output_tokens", "run_timeout_seconds", "max_parallel_speakers")
+    __slots__ = ("max_speakers", "max_rounds", "max_output_tokens", "run_timeout_seconds", "max_parallel_speakers", "max_tool_calls_per_speaker", "approval_timeout_seconds")
     MAX_SPEAKERS_FIELD_NUMBER: _ClassVar[int]
     MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUN_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_PARALLEL_SPEAKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_PER_SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     max_speakers: int
     max_rounds: int
     max_output_tokens: int
     run_timeout_seconds: int
     max_parallel_speakers: int
-    def __init__(self, max_speakers: _Optional[int] = ..., max_rounds: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., run_timeout_seconds: _Optional[int] = ..., max_parallel_speakers: _Optional[int] = ...) -> None: ...
+    max_tool_calls_per_speaker: int
+    approval_timeout_seconds: int
+    def __init__(self, max_speakers: _Optional[int] = ..., max_rounds: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., run_timeout_seconds: _Optional[int] = ..., max_parallel_speakers: _Optional[int] = ..., max_tool_calls_per_speaker: _Optional[int] = ..., approval_timeout_seconds: _Optional[int] = ...) -> None: ...
 
 class ModelRef(_message.Message):
     __slots__ = ("target", "fallbacks", "temperature", "timeout_ms")
@@ -116,7 +161,7 @@ class ModelTarget(_message.Message):
     def __init__(self, provider: _Optional[str] = ..., model: _Optional[str] = ..., base_url: _Optional[str] = ..., credential_ref: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("member_id", "display_name", "aliases", "persona", "style_rules", "model", "skills", "memories")
+    __slots__ = ("member_id", "display_name", "aliases", "persona", "style_rules", "model", "skills", "memories", "tool_names")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +170,7 @@ class Member(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SKILLS_FIELD_NUMBER: _ClassVar[int]
     MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     display_name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
@@ -133,7 +179,8 @@ class Member(_message.Message):
     model: ModelRef
     skills: _containers.RepeatedCompositeFieldContainer[Skill]
     memories: _containers.RepeatedCompositeFieldContainer[Memory]
-    def __init__(self, member_id: _Optional[str] = ..., display_name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., persona: _Optional[str] = ..., style_rules: _Optional[_Iterable[str]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., skills: _Optional[_Iterable[_Union[Skill, _Mapping]]] = ..., memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ...) -> None: ...
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, member_id: _Optional[str] = ..., display_name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., persona: _Optional[str] = ..., style_rules: _Optional[_Iterable[str]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., skills: _Optional[_Iterable[_Union[Skill, _Mapping]]] = ..., memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., tool_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Skill(_message.Message):
     __slots__ = ("skill_id", "name", "instructions")

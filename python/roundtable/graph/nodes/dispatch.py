@@ -22,7 +22,7 @@ from langgraph.runtime import Runtime
 
 from roundtable.domain.plan import PlanStep
 from roundtable.graph.concurrency import batches
-from roundtable.graph.context import Drained, GraphContext
+from roundtable.graph.context import Drained, GraphContext, Parked
 from roundtable.graph.member import SpeakerOutcome, speak
 from roundtable.graph.state import ConversationState, ReplyDict, step_from_dict
 
@@ -98,6 +98,7 @@ async def _together(
     its speaker finishes. A speaker still waiting for a place when a graceful stop comes
     never starts (None in its place); the outcomes are in plan order."""
     places = asyncio.Semaphore(limit)
+    waiting: list[Parked] = []
 
     async def one(position: int, step: PlanStep) -> SpeakerOutcome | None:
         async with places:
@@ -105,11 +106,22 @@ async def _together(
                 await ctx.stop.refresh()
                 if ctx.stop.requested:
                     return None
-            return await speak(ctx, step, seen)
+            try:
+                return await speak(ctx, step, seen)
+            except Parked as parked:
+                # It waits for a person; the others of the group finish their replies.
+                waiting.append(parked)
+                return None
 
     tasks = [asyncio.ensure_future(one(i, step)) for i, step in enumerate(batch)]
     try:
-        return await asyncio.gather(*tasks)
+        outcomes = await asyncio.gather(*tasks)
+        if waiting:
+            keys = tuple(key for parked in waiting for key in parked.call_keys)
+            raise Parked(keys, min(parked.expires_at for parked in waiting))
+        return outcomes
+    except Parked:
+        raise
     except BaseException:
         # One speaker's unexpected error (or the store refusing an append) ends the group:
         # the others stop at once, as the run does.

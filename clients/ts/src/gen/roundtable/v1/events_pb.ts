@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file roundtable/v1/events.proto.
  */
 export const file_roundtable_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("Chpyb3VuZHRhYmxlL3YxL2V2ZW50cy5wcm90bxINcm91bmR0YWJsZS52MSLGBQoIUnVuRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIuCgplbWl0dGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgtydW5fc3RhcnRlZBgKIAEoCzIZLnJvdW5kdGFibGUudjEuUnVuU3RhcnRlZEgAEjIKDHBsYW5fY3JlYXRlZBgLIAEoCzIaLnJvdW5kdGFibGUudjEuUGxhbkNyZWF0ZWRIABI4Cg9zcGVha2VyX3N0YXJ0ZWQYDCABKAsyHS5yb3VuZHRhYmxlLnYxLlNwZWFrZXJTdGFydGVkSAASOAoPYXNzaXN0YW50X2RlbHRhGA0gASgLMh0ucm91bmR0YWJsZS52MS5Bc3Npc3RhbnREZWx0YUgAEjgKD2Fzc2lzdGFudF9maW5hbBgOIAEoCzIdLnJvdW5kdGFibGUudjEuQXNzaXN0YW50RmluYWxIABI2Cg5zcGVha2VyX2ZhaWxlZBgPIAEoCzIcLnJvdW5kdGFibGUudjEuU3BlYWtlckZhaWxlZEgAEjgKD21lbW9yeV9wcm9wb3NlZBgQIAEoCzIdLnJvdW5kdGFibGUudjEuTWVtb3J5UHJvcG9zZWRIABJAChNwZXJtaXNzaW9uX3JlcXVpcmVkGBEgASgLMiEucm91bmR0YWJsZS52MS5QZXJtaXNzaW9uUmVxdWlyZWRIABI0Cg1ydW5fY2FuY2VsbGVkGBIgASgLMhsucm91bmR0YWJsZS52MS5SdW5DYW5jZWxsZWRIABI0Cg1ydW5fY29tcGxldGVkGBMgASgLMhsucm91bmR0YWJsZS52MS5SdW5Db21wbGV0ZWRIABIuCgpydW5fZmFpbGVkGBQgASgLMhgucm91bmR0YWJsZS52MS5SdW5GYWlsZWRIAEIJCgdwYXlsb2FkIlUKClJ1blN0YXJ0ZWQSIwoFcm91dGUYASABKA4yFC5yb3VuZHRhYmxlLnYxLlJvdXRlEg8KB3Jlc3VtZWQYAiABKAgSEQoJdGhyZWFkX2lkGAMgASgJIuYBCgtQbGFuQ3JlYXRlZBIvCglkaXJlY3RpdmUYASABKA4yHC5yb3VuZHRhYmxlLnYxLkRpcmVjdGl2ZUtpbmQSKQoGc291cmNlGAIgASgOMhkucm91bmR0YWJsZS52MS5QbGFuU291cmNlEhcKD2ZhbGxiYWNrX3JlYXNvbhgDIAEoCRImCgVzdGVwcxgEIAMoCzIXLnJvdW5kdGFibGUudjEuUGxhblN0ZXASDQoFcm91bmQYBSABKA0SGAoQY29udGludWVkX3J1bl9pZBgGIAEoCRIRCgljb252ZXJnZWQYByABKAgiowEKCFBsYW5TdGVwEg0KBWluZGV4GAEgASgNEhEKCW1lbWJlcl9pZBgCIAEoCRIQCghyZXBseV9pZBgDIAEoCRIMCgR0YXNrGAQgASgJEhQKDHRva2VuX2J1ZGdldBgFIAEoDRINCgVyb3VuZBgGIAEoDRIYChBjb3VudF9vZmZfbnVtYmVyGAcgASgNEhYKDnBhcmFsbGVsX2dyb3VwGAggASgNIlQKDlNwZWFrZXJTdGFydGVkEgwKBHN0ZXAYASABKA0SEQoJbWVtYmVyX2lkGAIgASgJEhAKCHJlcGx5X2lkGAMgASgJEg8KB2F0dGVtcHQYBCABKA0iQQoOQXNzaXN0YW50RGVsdGESEAoIcmVwbHlfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIPCgdhdHRlbXB0GAMgASgNIjkKClRva2VuVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQi8gEKDkFzc2lzdGFudEZpbmFsEhAKCHJlcGx5X2lkGAEgASgJEhEKCW1lbWJlcl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEg8KB2NvbnRlbnQYBCABKAkSDQoFbW9kZWwYBSABKAkSKAoFdXNhZ2UYBiABKAsyGS5yb3VuZHRhYmxlLnYxLlRva2VuVXNhZ2USMgoNZmluaXNoX3JlYXNvbhgHIAEoDjIbLnJvdW5kdGFibGUudjEuRmluaXNoUmVhc29uEhAKCGF0dGVtcHRzGAggASgNEh0KFW91dHB1dF90b2tlbnNfY291bnRlZBgJIAEoCCJzCg1TcGVha2VyRmFpbGVkEhAKCHJlcGx5X2lkGAEgASgJEhEKCW1lbWJlcl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEgwKBGNvZGUYBCABKAkSDwoHbWVzc2FnZRgFIAEoCRIQCghhdHRlbXB0cxgGIAEoDSLAAQoOTWVtb3J5UHJvcG9zYWwSEwoLcHJvcG9zYWxfaWQYASABKAkSEQoJbWVtYmVyX2lkGAIgASgJEisKBmFjdGlvbhgDIAEoDjIbLnJvdW5kdGFibGUudjEuTWVtb3J5QWN0aW9uEhgKEHRhcmdldF9tZW1vcnlfaWQYBCABKAkSDwoHY29udGVudBgFIAEoCRISCgppbXBvcnRhbmNlGAYgASgCEhoKEmV2aWRlbmNlX3JlcGx5X2lkcxgHIAMoCSJCCg5NZW1vcnlQcm9wb3NlZBIwCglwcm9wb3NhbHMYASADKAsyHS5yb3VuZHRhYmxlLnYxLk1lbW9yeVByb3Bvc2FsIoIBChJQZXJtaXNzaW9uUmVxdWlyZWQSHQoVcGVybWlzc2lvbl9yZXF1ZXN0X2lkGAEgASgJEhEKCW1lbWJlcl9pZBgCIAEoCRIOCgZhY3Rpb24YAyABKAkSKgoJYXJndW1lbnRzGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCJnCgxSdW5DYW5jZWxsZWQSDgoGcmVhc29uGAEgASgJEhoKEmZpbmlzaGVkX3JlcGx5X2lkcxgCIAMoCRIrCgpzdGVwc19sZWZ0GAMgAygLMhcucm91bmR0YWJsZS52MS5QbGFuU3RlcCJBCgxSZXBseVN1bW1hcnkSEAoIcmVwbHlfaWQYASABKAkSEQoJbWVtYmVyX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0iiQEKDFJ1bkNvbXBsZXRlZBIsCgdyZXBsaWVzGAEgAygLMhsucm91bmR0YWJsZS52MS5SZXBseVN1bW1hcnkSKAoFdXNhZ2UYAiABKAsyGS5yb3VuZHRhYmxlLnYxLlRva2VuVXNhZ2USEQoJY29udmVyZ2VkGAMgASgIEg4KBnJvdW5kcxgEIAEoDSI9CglSdW5GYWlsZWQSDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEhEKCXJldHJ5YWJsZRgDIAEoCCpBCgVSb3V0ZRIVChFST1VURV9VTlNQRUNJRklFRBAAEhAKDFJPVVRFX1NJTkdMRRABEg8KC1JPVVRFX0dST1VQEAIq6wEKDURpcmVjdGl2ZUtpbmQSHgoaRElSRUNUSVZFX0tJTkRfVU5TUEVDSUZJRUQQABIZChVESVJFQ1RJVkVfS0lORF9TSU5HTEUQARIXChNESVJFQ1RJVkVfS0lORF9PUEVOEAISGgoWRElSRUNUSVZFX0tJTkRfTUVOVElPThADEhYKEkRJUkVDVElWRV9LSU5EX0FMTBAEEhwKGERJUkVDVElWRV9LSU5EX0NPVU5UX09GRhAFEhcKE0RJUkVDVElWRV9LSU5EX1NUT1AQBhIbChdESVJFQ1RJVkVfS0lORF9DT05USU5VRRAHKpkBCgpQbGFuU291cmNlEhsKF1BMQU5fU09VUkNFX1VOU1BFQ0lGSUVEEAASHQoZUExBTl9TT1VSQ0VfREVURVJNSU5JU1RJQxABEhoKFlBMQU5fU09VUkNFX1NVUEVSVklTT1IQAhIYChRQTEFOX1NPVVJDRV9GQUxMQkFDSxADEhkKFVBMQU5fU09VUkNFX0NPTlRJTlVFRBAEKnsKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASFgoSRklOSVNIX1JFQVNPTl9TVE9QEAESGAoURklOSVNIX1JFQVNPTl9MRU5HVEgQAhIaChZGSU5JU0hfUkVBU09OX1JFUExBQ0VEEAMqewoMTWVtb3J5QWN0aW9uEh0KGU1FTU9SWV9BQ1RJT05fVU5TUEVDSUZJRUQQABIYChRNRU1PUllfQUNUSU9OX0NSRUFURRABEhgKFE1FTU9SWV9BQ1RJT05fVVBEQVRFEAISGAoUTUVNT1JZX0FDVElPTl9GT1JHRVQQA0JIWkZnaXRodWIuY29tL3JvdW5kdGFibGUvcm91bmR0YWJsZS9jbGllbnRzL2dvL3JvdW5kdGFibGUvdjE7cm91bmR0YWJsZXYxYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chpyb3VuZHRhYmxlL3YxL2V2ZW50cy5wcm90bxINcm91bmR0YWJsZS52MSLGBQoIUnVuRXZlbnQSDgoGcnVuX2lkGAEgASgJEgsKA3NlcRgCIAEoBBIuCgplbWl0dGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgtydW5fc3RhcnRlZBgKIAEoCzIZLnJvdW5kdGFibGUudjEuUnVuU3RhcnRlZEgAEjIKDHBsYW5fY3JlYXRlZBgLIAEoCzIaLnJvdW5kdGFibGUudjEuUGxhbkNyZWF0ZWRIABI4Cg9zcGVha2VyX3N0YXJ0ZWQYDCABKAsyHS5yb3VuZHRhYmxlLnYxLlNwZWFrZXJTdGFydGVkSAASOAoPYXNzaXN0YW50X2RlbHRhGA0gASgLMh0ucm91bmR0YWJsZS52MS5Bc3Npc3RhbnREZWx0YUgAEjgKD2Fzc2lzdGFudF9maW5hbBgOIAEoCzIdLnJvdW5kdGFibGUudjEuQXNzaXN0YW50RmluYWxIABI2Cg5zcGVha2VyX2ZhaWxlZBgPIAEoCzIcLnJvdW5kdGFibGUudjEuU3BlYWtlckZhaWxlZEgAEjgKD21lbW9yeV9wcm9wb3NlZBgQIAEoCzIdLnJvdW5kdGFibGUudjEuTWVtb3J5UHJvcG9zZWRIABJAChNwZXJtaXNzaW9uX3JlcXVpcmVkGBEgASgLMiEucm91bmR0YWJsZS52MS5QZXJtaXNzaW9uUmVxdWlyZWRIABI0Cg1ydW5fY2FuY2VsbGVkGBIgASgLMhsucm91bmR0YWJsZS52MS5SdW5DYW5jZWxsZWRIABI0Cg1ydW5fY29tcGxldGVkGBMgASgLMhsucm91bmR0YWJsZS52MS5SdW5Db21wbGV0ZWRIABIuCgpydW5fZmFpbGVkGBQgASgLMhgucm91bmR0YWJsZS52MS5SdW5GYWlsZWRIAEIJCgdwYXlsb2FkIlUKClJ1blN0YXJ0ZWQSIwoFcm91dGUYASABKA4yFC5yb3VuZHRhYmxlLnYxLlJvdXRlEg8KB3Jlc3VtZWQYAiABKAgSEQoJdGhyZWFkX2lkGAMgASgJIuYBCgtQbGFuQ3JlYXRlZBIvCglkaXJlY3RpdmUYASABKA4yHC5yb3VuZHRhYmxlLnYxLkRpcmVjdGl2ZUtpbmQSKQoGc291cmNlGAIgASgOMhkucm91bmR0YWJsZS52MS5QbGFuU291cmNlEhcKD2ZhbGxiYWNrX3JlYXNvbhgDIAEoCRImCgVzdGVwcxgEIAMoCzIXLnJvdW5kdGFibGUudjEuUGxhblN0ZXASDQoFcm91bmQYBSABKA0SGAoQY29udGludWVkX3J1bl9pZBgGIAEoCRIRCgljb252ZXJnZWQYByABKAgiowEKCFBsYW5TdGVwEg0KBWluZGV4GAEgASgNEhEKCW1lbWJlcl9pZBgCIAEoCRIQCghyZXBseV9pZBgDIAEoCRIMCgR0YXNrGAQgASgJEhQKDHRva2VuX2J1ZGdldBgFIAEoDRINCgVyb3VuZBgGIAEoDRIYChBjb3VudF9vZmZfbnVtYmVyGAcgASgNEhYKDnBhcmFsbGVsX2dyb3VwGAggASgNIlQKDlNwZWFrZXJTdGFydGVkEgwKBHN0ZXAYASABKA0SEQoJbWVtYmVyX2lkGAIgASgJEhAKCHJlcGx5X2lkGAMgASgJEg8KB2F0dGVtcHQYBCABKA0iQQoOQXNzaXN0YW50RGVsdGESEAoIcmVwbHlfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIPCgdhdHRlbXB0GAMgASgNIjkKClRva2VuVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQipgIKDkFzc2lzdGFudEZpbmFsEhAKCHJlcGx5X2lkGAEgASgJEhEKCW1lbWJlcl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEg8KB2NvbnRlbnQYBCABKAkSDQoFbW9kZWwYBSABKAkSKAoFdXNhZ2UYBiABKAsyGS5yb3VuZHRhYmxlLnYxLlRva2VuVXNhZ2USMgoNZmluaXNoX3JlYXNvbhgHIAEoDjIbLnJvdW5kdGFibGUudjEuRmluaXNoUmVhc29uEhAKCGF0dGVtcHRzGAggASgNEh0KFW91dHB1dF90b2tlbnNfY291bnRlZBgJIAEoCBIyCgp0b29sX2NhbGxzGAogAygLMh4ucm91bmR0YWJsZS52MS5Ub29sQ2FsbFN1bW1hcnkiZgoPVG9vbENhbGxTdW1tYXJ5Eg8KB2NhbGxfaWQYASABKAkSEQoJdG9vbF9uYW1lGAIgASgJEi8KB291dGNvbWUYAyABKA4yHi5yb3VuZHRhYmxlLnYxLlRvb2xDYWxsT3V0Y29tZSJzCg1TcGVha2VyRmFpbGVkEhAKCHJlcGx5X2lkGAEgASgJEhEKCW1lbWJlcl9pZBgCIAEoCRIMCgRzdGVwGAMgASgNEgwKBGNvZGUYBCABKAkSDwoHbWVzc2FnZRgFIAEoCRIQCghhdHRlbXB0cxgGIAEoDSLAAQoOTWVtb3J5UHJvcG9zYWwSEwoLcHJvcG9zYWxfaWQYASABKAkSEQoJbWVtYmVyX2lkGAIgASgJEisKBmFjdGlvbhgDIAEoDjIbLnJvdW5kdGFibGUudjEuTWVtb3J5QWN0aW9uEhgKEHRhcmdldF9tZW1vcnlfaWQYBCABKAkSDwoHY29udGVudBgFIAEoCRISCgppbXBvcnRhbmNlGAYgASgCEhoKEmV2aWRlbmNlX3JlcGx5X2lkcxgHIAMoCSJCCg5NZW1vcnlQcm9wb3NlZBIwCglwcm9wb3NhbHMYASADKAsyHS5yb3VuZHRhYmxlLnYxLk1lbW9yeVByb3Bvc2FsIv0BChJQZXJtaXNzaW9uUmVxdWlyZWQSHQoVcGVybWlzc2lvbl9yZXF1ZXN0X2lkGAEgASgJEhEKCW1lbWJlcl9pZBgCIAEoCRIOCgZhY3Rpb24YAyABKAkSKgoJYXJndW1lbnRzGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIQCghyZXBseV9pZBgFIAEoCRIMCgRzdGVwGAYgASgNEhEKCXRvb2xfbmFtZRgHIAEoCRIWCg5hcmd1bWVudHNfanNvbhgIIAEoCRIuCgpleHBpcmVzX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJnCgxSdW5DYW5jZWxsZWQSDgoGcmVhc29uGAEgASgJEhoKEmZpbmlzaGVkX3JlcGx5X2lkcxgCIAMoCRIrCgpzdGVwc19sZWZ0GAMgAygLMhcucm91bmR0YWJsZS52MS5QbGFuU3RlcCJBCgxSZXBseVN1bW1hcnkSEAoIcmVwbHlfaWQYASABKAkSEQoJbWVtYmVyX2lkGAIgASgJEgwKBHN0ZXAYAyABKA0iiQEKDFJ1bkNvbXBsZXRlZBIsCgdyZXBsaWVzGAEgAygLMhsucm91bmR0YWJsZS52MS5SZXBseVN1bW1hcnkSKAoFdXNhZ2UYAiABKAsyGS5yb3VuZHRhYmxlLnYxLlRva2VuVXNhZ2USEQoJY29udmVyZ2VkGAMgASgIEg4KBnJvdW5kcxgEIAEoDSI9CglSdW5GYWlsZWQSDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEhEKCXJldHJ5YWJsZRgDIAEoCCpBCgVSb3V0ZRIVChFST1VURV9VTlNQRUNJRklFRBAAEhAKDFJPVVRFX1NJTkdMRRABEg8KC1JPVVRFX0dST1VQEAIq6wEKDURpcmVjdGl2ZUtpbmQSHgoaRElSRUNUSVZFX0tJTkRfVU5TUEVDSUZJRUQQABIZChVESVJFQ1RJVkVfS0lORF9TSU5HTEUQARIXChNESVJFQ1RJVkVfS0lORF9PUEVOEAISGgoWRElSRUNUSVZFX0tJTkRfTUVOVElPThADEhYKEkRJUkVDVElWRV9LSU5EX0FMTBAEEhwKGERJUkVDVElWRV9LSU5EX0NPVU5UX09GRhAFEhcKE0RJUkVDVElWRV9LSU5EX1NUT1AQBhIbChdESVJFQ1RJVkVfS0lORF9DT05USU5VRRAHKpkBCgpQbGFuU291cmNlEhsKF1BMQU5fU09VUkNFX1VOU1BFQ0lGSUVEEAASHQoZUExBTl9TT1VSQ0VfREVURVJNSU5JU1RJQxABEhoKFlBMQU5fU09VUkNFX1NVUEVSVklTT1IQAhIYChRQTEFOX1NPVVJDRV9GQUxMQkFDSxADEhkKFVBMQU5fU09VUkNFX0NPTlRJTlVFRBAEKnsKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASFgoSRklOSVNIX1JFQVNPTl9TVE9QEAESGAoURklOSVNIX1JFQVNPTl9MRU5HVEgQAhIaChZGSU5JU0hfUkVBU09OX1JFUExBQ0VEEAMqqQEKD1Rvb2xDYWxsT3V0Y29tZRIhCh1UT09MX0NBTExfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhgKFFRPT0xfQ0FMTF9PVVRDT01FX09LEAESHAoYVE9PTF9DQUxMX09VVENPTUVfREVOSUVEEAISHQoZVE9PTF9DQUxMX09VVENPTUVfRVhQSVJFRBADEhwKGFRPT0xfQ0FMTF9PVVRDT01FX0ZBSUxFRBAEKnsKDE1lbW9yeUFjdGlvbhIdChlNRU1PUllfQUNUSU9OX1VOU1BFQ0lGSUVEEAASGAoUTUVNT1JZX0FDVElPTl9DUkVBVEUQARIYChRNRU1PUllfQUNUSU9OX1VQREFURRACEhgKFE1FTU9SWV9BQ1RJT05fRk9SR0VUEANCSFpGZ2l0aHViLmNvbS9yb3VuZHRhYmxlL3JvdW5kdGFibGUvY2xpZW50cy9nby9yb3VuZHRhYmxlL3YxO3JvdW5kdGFibGV2MWIGcHJvdG8z", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * RunEvent is one thing that happened in a run. A run's events form one
@@ -120,7 +120,7 @@ export type RunEvent = Message<"roundtable.v1.RunEvent"> & {
     case: "memoryProposed";
   } | {
     /**
-     * Reserved for tool approval; not emitted by this version.
+     * A tool call waits for a person's decision (ResolvePermission).
      *
      * @generated from field: roundtable.v1.PermissionRequired permission_required = 17;
      */
@@ -545,6 +545,15 @@ export type AssistantFinal = Message<"roundtable.v1.AssistantFinal"> & {
    * @generated from field: bool output_tokens_counted = 9;
    */
   outputTokensCounted: boolean;
+
+  /**
+   * The tool calls the reply made, in order: which tool and how each ended
+   * (never its arguments or result), so a gateway can show "Mei looked this
+   * up".
+   *
+   * @generated from field: repeated roundtable.v1.ToolCallSummary tool_calls = 10;
+   */
+  toolCalls: ToolCallSummary[];
 };
 
 /**
@@ -553,6 +562,42 @@ export type AssistantFinal = Message<"roundtable.v1.AssistantFinal"> & {
  */
 export const AssistantFinalSchema: GenMessage<AssistantFinal> = /*@__PURE__*/
   messageDesc(file_roundtable_v1_events, 7);
+
+/**
+ * ToolCallSummary is one tool call of a reply.
+ *
+ * @generated from message roundtable.v1.ToolCallSummary
+ */
+export type ToolCallSummary = Message<"roundtable.v1.ToolCallSummary"> & {
+  /**
+   * The call's idempotency key "<reply_id>/<n>" (for a call that waited for
+   * approval, its permission_request_id).
+   *
+   * @generated from field: string call_id = 1;
+   */
+  callId: string;
+
+  /**
+   * The tool called.
+   *
+   * @generated from field: string tool_name = 2;
+   */
+  toolName: string;
+
+  /**
+   * How it ended.
+   *
+   * @generated from field: roundtable.v1.ToolCallOutcome outcome = 3;
+   */
+  outcome: ToolCallOutcome;
+};
+
+/**
+ * Describes the message roundtable.v1.ToolCallSummary.
+ * Use `create(ToolCallSummarySchema)` to create a new message.
+ */
+export const ToolCallSummarySchema: GenMessage<ToolCallSummary> = /*@__PURE__*/
+  messageDesc(file_roundtable_v1_events, 8);
 
 /**
  * SpeakerFailed says a speaker could not produce a reply after its retries
@@ -616,7 +661,7 @@ export type SpeakerFailed = Message<"roundtable.v1.SpeakerFailed"> & {
  * Use `create(SpeakerFailedSchema)` to create a new message.
  */
 export const SpeakerFailedSchema: GenMessage<SpeakerFailed> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 8);
+  messageDesc(file_roundtable_v1_events, 9);
 
 /**
  * MemoryProposal is a memory Roundtable suggests. It is only a proposal: the
@@ -681,7 +726,7 @@ export type MemoryProposal = Message<"roundtable.v1.MemoryProposal"> & {
  * Use `create(MemoryProposalSchema)` to create a new message.
  */
 export const MemoryProposalSchema: GenMessage<MemoryProposal> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 9);
+  messageDesc(file_roundtable_v1_events, 10);
 
 /**
  * MemoryProposed carries the memory proposals of a turn, emitted once after
@@ -704,17 +749,23 @@ export type MemoryProposed = Message<"roundtable.v1.MemoryProposed"> & {
  * Use `create(MemoryProposedSchema)` to create a new message.
  */
 export const MemoryProposedSchema: GenMessage<MemoryProposed> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 10);
+  messageDesc(file_roundtable_v1_events, 11);
 
 /**
- * PermissionRequired is reserved for tool calls that need a human's approval.
- * This version never emits it.
+ * PermissionRequired asks a person to approve one tool call. It is committed
+ * to the event log before it is sent, and the run then waits
+ * (RUN_STATUS_AWAITING_APPROVAL) holding nothing in memory, for as long as
+ * expires_at allows. Answer it with ResolvePermission, on any replica, even
+ * after the server that emitted it stopped; GetRun lists the requests still
+ * waiting. The run goes on from that call: the member gets the tool's result
+ * (or the denial and its reason) and finishes its reply.
  *
  * @generated from message roundtable.v1.PermissionRequired
  */
 export type PermissionRequired = Message<"roundtable.v1.PermissionRequired"> & {
   /**
-   * Id of the approval request.
+   * Id of the request, the call's idempotency key "<reply_id>/<n>".
+   * ResolvePermission names it.
    *
    * @generated from field: string permission_request_id = 1;
    */
@@ -728,18 +779,55 @@ export type PermissionRequired = Message<"roundtable.v1.PermissionRequired"> & {
   memberId: string;
 
   /**
-   * The action to approve, for example a tool name.
+   * The tool to run (the same as tool_name).
    *
    * @generated from field: string action = 3;
    */
   action: string;
 
   /**
-   * The action's arguments.
+   * The call's arguments when the model gave a JSON object (see
+   * arguments_json for them exactly as given).
    *
    * @generated from field: google.protobuf.Struct arguments = 4;
    */
   arguments?: JsonObject | undefined;
+
+  /**
+   * The reply the call belongs to.
+   *
+   * @generated from field: string reply_id = 5;
+   */
+  replyId: string;
+
+  /**
+   * The reply's step.
+   *
+   * @generated from field: uint32 step = 6;
+   */
+  step: number;
+
+  /**
+   * The tool to run (Tool.name).
+   *
+   * @generated from field: string tool_name = 7;
+   */
+  toolName: string;
+
+  /**
+   * The arguments exactly as the model gave them (JSON text, at most 64 KiB).
+   *
+   * @generated from field: string arguments_json = 8;
+   */
+  argumentsJson: string;
+
+  /**
+   * When the request expires: a decision after it is too late, and the call
+   * counts as denied with the reason "expired".
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 9;
+   */
+  expiresAt?: Timestamp | undefined;
 };
 
 /**
@@ -747,7 +835,7 @@ export type PermissionRequired = Message<"roundtable.v1.PermissionRequired"> & {
  * Use `create(PermissionRequiredSchema)` to create a new message.
  */
 export const PermissionRequiredSchema: GenMessage<PermissionRequired> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 11);
+  messageDesc(file_roundtable_v1_events, 12);
 
 /**
  * RunCancelled ends a run that was stopped. The run can be continued: send
@@ -785,7 +873,7 @@ export type RunCancelled = Message<"roundtable.v1.RunCancelled"> & {
  * Use `create(RunCancelledSchema)` to create a new message.
  */
 export const RunCancelledSchema: GenMessage<RunCancelled> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 12);
+  messageDesc(file_roundtable_v1_events, 13);
 
 /**
  * ReplySummary names one finished reply of a run.
@@ -820,7 +908,7 @@ export type ReplySummary = Message<"roundtable.v1.ReplySummary"> & {
  * Use `create(ReplySummarySchema)` to create a new message.
  */
 export const ReplySummarySchema: GenMessage<ReplySummary> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 13);
+  messageDesc(file_roundtable_v1_events, 14);
 
 /**
  * RunCompleted ends a run whose plan is done.
@@ -866,7 +954,7 @@ export type RunCompleted = Message<"roundtable.v1.RunCompleted"> & {
  * Use `create(RunCompletedSchema)` to create a new message.
  */
 export const RunCompletedSchema: GenMessage<RunCompleted> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 14);
+  messageDesc(file_roundtable_v1_events, 15);
 
 /**
  * RunFailed ends a run that could not go on.
@@ -909,7 +997,7 @@ export type RunFailed = Message<"roundtable.v1.RunFailed"> & {
  * Use `create(RunFailedSchema)` to create a new message.
  */
 export const RunFailedSchema: GenMessage<RunFailed> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_events, 15);
+  messageDesc(file_roundtable_v1_events, 16);
 
 /**
  * Route is the path a turn takes through the conversation graph.
@@ -1117,6 +1205,56 @@ export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
   enumDesc(file_roundtable_v1_events, 3);
 
 /**
+ * ToolCallOutcome says how a tool call ended.
+ *
+ * @generated from enum roundtable.v1.ToolCallOutcome
+ */
+export enum ToolCallOutcome {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: TOOL_CALL_OUTCOME_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The tool ran and answered.
+   *
+   * @generated from enum value: TOOL_CALL_OUTCOME_OK = 1;
+   */
+  OK = 1,
+
+  /**
+   * A person denied it, or the run was cancelled while it waited (the member
+   * was told the reason).
+   *
+   * @generated from enum value: TOOL_CALL_OUTCOME_DENIED = 2;
+   */
+  DENIED = 2,
+
+  /**
+   * Nobody decided before its permission request expired.
+   *
+   * @generated from enum value: TOOL_CALL_OUTCOME_EXPIRED = 3;
+   */
+  EXPIRED = 3,
+
+  /**
+   * The tool reported an error, or could not be reached after its retries;
+   * the member was told and answered without its result.
+   *
+   * @generated from enum value: TOOL_CALL_OUTCOME_FAILED = 4;
+   */
+  FAILED = 4,
+}
+
+/**
+ * Describes the enum roundtable.v1.ToolCallOutcome.
+ */
+export const ToolCallOutcomeSchema: GenEnum<ToolCallOutcome> = /*@__PURE__*/
+  enumDesc(file_roundtable_v1_events, 4);
+
+/**
  * MemoryAction is what a memory proposal wants done.
  *
  * @generated from enum roundtable.v1.MemoryAction
@@ -1155,5 +1293,5 @@ export enum MemoryAction {
  * Describes the enum roundtable.v1.MemoryAction.
  */
 export const MemoryActionSchema: GenEnum<MemoryAction> = /*@__PURE__*/
-  enumDesc(file_roundtable_v1_events, 4);
+  enumDesc(file_roundtable_v1_events, 5);
 

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { PlanStep, RunEvent } from "./events_pb.js";
+import type { PermissionRequired, PlanStep, RunEvent } from "./events_pb.js";
 import { file_roundtable_v1_events } from "./events_pb.js";
 import type { Budgets, RunContext, Snapshot } from "./snapshot_pb.js";
 import { file_roundtable_v1_snapshot } from "./snapshot_pb.js";
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roundtable/v1/orchestrator_service.proto.
  */
 export const file_roundtable_v1_orchestrator_service: GenFile = /*@__PURE__*/
-  fileDesc("Cihyb3VuZHRhYmxlL3YxL29yY2hlc3RyYXRvcl9zZXJ2aWNlLnByb3RvEg1yb3VuZHRhYmxlLnYxIpMCCg9TdGFydFJ1blJlcXVlc3QSKgoHY29udGV4dBgBIAEoCzIZLnJvdW5kdGFibGUudjEuUnVuQ29udGV4dBIpCghzbmFwc2hvdBgCIAEoCzIXLnJvdW5kdGFibGUudjEuU25hcHNob3QSSQoLY3JlZGVudGlhbHMYAyADKAsyLy5yb3VuZHRhYmxlLnYxLlN0YXJ0UnVuUmVxdWVzdC5DcmVkZW50aWFsc0VudHJ5QgOAAQESKgoHb3B0aW9ucxgEIAEoCzIZLnJvdW5kdGFibGUudjEuUnVuT3B0aW9ucxoyChBDcmVkZW50aWFsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiOgoQU3RhcnRSdW5SZXNwb25zZRImCgVldmVudBgBIAEoCzIXLnJvdW5kdGFibGUudjEuUnVuRXZlbnQilwIKClJ1bk9wdGlvbnMSGgoNc3RyZWFtX2RlbHRhcxgBIAEoCEgAiAEBEhcKD2RlbHRhX3dpbmRvd19tcxgCIAEoDRIXCg9kZWx0YV9tYXhfYnl0ZXMYAyABKA0SOgoRZGlzY29ubmVjdF9wb2xpY3kYBCABKA4yHy5yb3VuZHRhYmxlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSOwoSYnVzeV90aHJlYWRfcG9saWN5GAUgASgOMh8ucm91bmR0YWJsZS52MS5CdXN5VGhyZWFkUG9saWN5EjAKEGJ1ZGdldF9vdmVycmlkZXMYBiABKAsyFi5yb3VuZHRhYmxlLnYxLkJ1ZGdldHNCEAoOX3N0cmVhbV9kZWx0YXMiRQoQU3RyZWFtUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGdGVuYW50GAIgASgJEhEKCWFmdGVyX3NlcRgDIAEoBCI7ChFTdHJlYW1SdW5SZXNwb25zZRImCgVldmVudBgBIAEoCzIXLnJvdW5kdGFibGUudjEuUnVuRXZlbnQiawoQQ2FuY2VsUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGdGVuYW50GAIgASgJEicKBG1vZGUYAyABKA4yGS5yb3VuZHRhYmxlLnYxLkNhbmNlbE1vZGUSDgoGcmVhc29uGAQgASgJImMKEUNhbmNlbFJ1blJlc3BvbnNlEi0KB291dGNvbWUYASABKA4yHC5yb3VuZHRhYmxlLnYxLkNhbmNlbE91dGNvbWUSHwoDcnVuGAIgASgLMhIucm91bmR0YWJsZS52MS5SdW4iLwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGdGVuYW50GAIgASgJIjEKDkdldFJ1blJlc3BvbnNlEh8KA3J1bhgBIAEoCzISLnJvdW5kdGFibGUudjEuUnVuIrQCCgNSdW4SDgoGcnVuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRIOCgZ0ZW5hbnQYAyABKAkSKAoGc3RhdHVzGAQgASgOMhgucm91bmR0YWJsZS52MS5SdW5TdGF0dXMSJQoEcGxhbhgFIAMoCzIXLnJvdW5kdGFibGUudjEuUGxhblN0ZXASGgoSZmluaXNoZWRfcmVwbHlfaWRzGAYgAygJEhAKCGxhc3Rfc2VxGAcgASgEEi4KCmNyZWF0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhsKE2NvbnRpbnVlZF9ieV9ydW5faWQYCiABKAkqcwoQRGlzY29ubmVjdFBvbGljeRIhCh1ESVNDT05ORUNUX1BPTElDWV9VTlNQRUNJRklFRBAAEh4KGkRJU0NPTk5FQ1RfUE9MSUNZX0NPTlRJTlVFEAESHAoYRElTQ09OTkVDVF9QT0xJQ1lfQ0FOQ0VMEAIqlwEKEEJ1c3lUaHJlYWRQb2xpY3kSIgoeQlVTWV9USFJFQURfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHQoZQlVTWV9USFJFQURfUE9MSUNZX1JFSkVDVBABEiAKHEJVU1lfVEhSRUFEX1BPTElDWV9JTlRFUlJVUFQQAhIeChpCVVNZX1RIUkVBRF9QT0xJQ1lfRU5RVUVVRRADKl4KCkNhbmNlbE1vZGUSGwoXQ0FOQ0VMX01PREVfVU5TUEVDSUZJRUQQABIYChRDQU5DRUxfTU9ERV9HUkFDRUZVTBABEhkKFUNBTkNFTF9NT0RFX0lNTUVESUFURRACKm8KDUNhbmNlbE91dGNvbWUSHgoaQ0FOQ0VMX09VVENPTUVfVU5TUEVDSUZJRUQQABIcChhDQU5DRUxfT1VUQ09NRV9SRVFVRVNURUQQARIgChxDQU5DRUxfT1VUQ09NRV9BTFJFQURZX0VOREVEEAIq1wEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRUlVOX1NUQVRVU19RVUVVRUQQARIWChJSVU5fU1RBVFVTX1JVTk5JTkcQAhIYChRSVU5fU1RBVFVTX1NVQ0NFRURFRBADEhgKFFJVTl9TVEFUVVNfQ0FOQ0VMTEVEEAQSGgoWUlVOX1NUQVRVU19JTlRFUlJVUFRFRBAFEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAYSGAoUUlVOX1NUQVRVU19DT05USU5VRUQQBzLNAgoTT3JjaGVzdHJhdG9yU2VydmljZRJNCghTdGFydFJ1bhIeLnJvdW5kdGFibGUudjEuU3RhcnRSdW5SZXF1ZXN0Gh8ucm91bmR0YWJsZS52MS5TdGFydFJ1blJlc3BvbnNlMAESUAoJU3RyZWFtUnVuEh8ucm91bmR0YWJsZS52MS5TdHJlYW1SdW5SZXF1ZXN0GiAucm91bmR0YWJsZS52MS5TdHJlYW1SdW5SZXNwb25zZTABEk4KCUNhbmNlbFJ1bhIfLnJvdW5kdGFibGUudjEuQ2FuY2VsUnVuUmVxdWVzdBogLnJvdW5kdGFibGUudjEuQ2FuY2VsUnVuUmVzcG9uc2USRQoGR2V0UnVuEhwucm91bmR0YWJsZS52MS5HZXRSdW5SZXF1ZXN0Gh0ucm91bmR0YWJsZS52MS5HZXRSdW5SZXNwb25zZUJIWkZnaXRodWIuY29tL3JvdW5kdGFibGUvcm91bmR0YWJsZS9jbGllbnRzL2dvL3JvdW5kdGFibGUvdjE7cm91bmR0YWJsZXYxYgZwcm90bzM", [file_google_protobuf_timestamp, file_roundtable_v1_events, file_roundtable_v1_snapshot]);
+  fileDesc("Cihyb3VuZHRhYmxlL3YxL29yY2hlc3RyYXRvcl9zZXJ2aWNlLnByb3RvEg1yb3VuZHRhYmxlLnYxIpMCCg9TdGFydFJ1blJlcXVlc3QSKgoHY29udGV4dBgBIAEoCzIZLnJvdW5kdGFibGUudjEuUnVuQ29udGV4dBIpCghzbmFwc2hvdBgCIAEoCzIXLnJvdW5kdGFibGUudjEuU25hcHNob3QSSQoLY3JlZGVudGlhbHMYAyADKAsyLy5yb3VuZHRhYmxlLnYxLlN0YXJ0UnVuUmVxdWVzdC5DcmVkZW50aWFsc0VudHJ5QgOAAQESKgoHb3B0aW9ucxgEIAEoCzIZLnJvdW5kdGFibGUudjEuUnVuT3B0aW9ucxoyChBDcmVkZW50aWFsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiOgoQU3RhcnRSdW5SZXNwb25zZRImCgVldmVudBgBIAEoCzIXLnJvdW5kdGFibGUudjEuUnVuRXZlbnQilwIKClJ1bk9wdGlvbnMSGgoNc3RyZWFtX2RlbHRhcxgBIAEoCEgAiAEBEhcKD2RlbHRhX3dpbmRvd19tcxgCIAEoDRIXCg9kZWx0YV9tYXhfYnl0ZXMYAyABKA0SOgoRZGlzY29ubmVjdF9wb2xpY3kYBCABKA4yHy5yb3VuZHRhYmxlLnYxLkRpc2Nvbm5lY3RQb2xpY3kSOwoSYnVzeV90aHJlYWRfcG9saWN5GAUgASgOMh8ucm91bmR0YWJsZS52MS5CdXN5VGhyZWFkUG9saWN5EjAKEGJ1ZGdldF9vdmVycmlkZXMYBiABKAsyFi5yb3VuZHRhYmxlLnYxLkJ1ZGdldHNCEAoOX3N0cmVhbV9kZWx0YXMiRQoQU3RyZWFtUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGdGVuYW50GAIgASgJEhEKCWFmdGVyX3NlcRgDIAEoBCI7ChFTdHJlYW1SdW5SZXNwb25zZRImCgVldmVudBgBIAEoCzIXLnJvdW5kdGFibGUudjEuUnVuRXZlbnQiawoQQ2FuY2VsUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGdGVuYW50GAIgASgJEicKBG1vZGUYAyABKA4yGS5yb3VuZHRhYmxlLnYxLkNhbmNlbE1vZGUSDgoGcmVhc29uGAQgASgJImMKEUNhbmNlbFJ1blJlc3BvbnNlEi0KB291dGNvbWUYASABKA4yHC5yb3VuZHRhYmxlLnYxLkNhbmNlbE91dGNvbWUSHwoDcnVuGAIgASgLMhIucm91bmR0YWJsZS52MS5SdW4iLwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSDgoGdGVuYW50GAIgASgJIr0BChhSZXNvbHZlUGVybWlzc2lvblJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEg4KBnRlbmFudBgCIAEoCRIdChVwZXJtaXNzaW9uX3JlcXVlc3RfaWQYAyABKAkSMwoIZGVjaXNpb24YBCABKA4yIS5yb3VuZHRhYmxlLnYxLlBlcm1pc3Npb25EZWNpc2lvbhIdChVlZGl0ZWRfYXJndW1lbnRzX2pzb24YBSABKAkSDgoGcmVhc29uGAYgASgJIrIBChlSZXNvbHZlUGVybWlzc2lvblJlc3BvbnNlEjMKCGRlY2lzaW9uGAEgASgOMiEucm91bmR0YWJsZS52MS5QZXJtaXNzaW9uRGVjaXNpb24SLgoKZGVjaWRlZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASHwoDcnVuGAMgASgLMhIucm91bmR0YWJsZS52MS5SdW4SDwoHcmVzdW1lZBgEIAEoCCIxCg5HZXRSdW5SZXNwb25zZRIfCgNydW4YASABKAsyEi5yb3VuZHRhYmxlLnYxLlJ1biL0AgoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSDgoGdGVuYW50GAMgASgJEigKBnN0YXR1cxgEIAEoDjIYLnJvdW5kdGFibGUudjEuUnVuU3RhdHVzEiUKBHBsYW4YBSADKAsyFy5yb3VuZHRhYmxlLnYxLlBsYW5TdGVwEhoKEmZpbmlzaGVkX3JlcGx5X2lkcxgGIAMoCRIQCghsYXN0X3NlcRgHIAEoBBIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIbChNjb250aW51ZWRfYnlfcnVuX2lkGAogASgJEj4KE3BlbmRpbmdfcGVybWlzc2lvbnMYCyADKAsyIS5yb3VuZHRhYmxlLnYxLlBlcm1pc3Npb25SZXF1aXJlZCpzChBEaXNjb25uZWN0UG9saWN5EiEKHURJU0NPTk5FQ1RfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHgoaRElTQ09OTkVDVF9QT0xJQ1lfQ09OVElOVUUQARIcChhESVNDT05ORUNUX1BPTElDWV9DQU5DRUwQAiqXAQoQQnVzeVRocmVhZFBvbGljeRIiCh5CVVNZX1RIUkVBRF9QT0xJQ1lfVU5TUEVDSUZJRUQQABIdChlCVVNZX1RIUkVBRF9QT0xJQ1lfUkVKRUNUEAESIAocQlVTWV9USFJFQURfUE9MSUNZX0lOVEVSUlVQVBACEh4KGkJVU1lfVEhSRUFEX1BPTElDWV9FTlFVRVVFEAMqXgoKQ2FuY2VsTW9kZRIbChdDQU5DRUxfTU9ERV9VTlNQRUNJRklFRBAAEhgKFENBTkNFTF9NT0RFX0dSQUNFRlVMEAESGQoVQ0FOQ0VMX01PREVfSU1NRURJQVRFEAIqbwoNQ2FuY2VsT3V0Y29tZRIeChpDQU5DRUxfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhwKGENBTkNFTF9PVVRDT01FX1JFUVVFU1RFRBABEiAKHENBTkNFTF9PVVRDT01FX0FMUkVBRFlfRU5ERUQQAip4ChJQZXJtaXNzaW9uRGVjaXNpb24SIwofUEVSTUlTU0lPTl9ERUNJU0lPTl9VTlNQRUNJRklFRBAAEh8KG1BFUk1JU1NJT05fREVDSVNJT05fQVBQUk9WRRABEhwKGFBFUk1JU1NJT05fREVDSVNJT05fREVOWRACKvkBCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEVJVTl9TVEFUVVNfUVVFVUVEEAESFgoSUlVOX1NUQVRVU19SVU5OSU5HEAISGAoUUlVOX1NUQVRVU19TVUNDRUVERUQQAxIYChRSVU5fU1RBVFVTX0NBTkNFTExFRBAEEhoKFlJVTl9TVEFUVVNfSU5URVJSVVBURUQQBRIVChFSVU5fU1RBVFVTX0ZBSUxFRBAGEhgKFFJVTl9TVEFUVVNfQ09OVElOVUVEEAcSIAocUlVOX1NUQVRVU19BV0FJVElOR19BUFBST1ZBTBAIMrUDChNPcmNoZXN0cmF0b3JTZXJ2aWNlEk0KCFN0YXJ0UnVuEh4ucm91bmR0YWJsZS52MS5TdGFydFJ1blJlcXVlc3QaHy5yb3VuZHRhYmxlLnYxLlN0YXJ0UnVuUmVzcG9uc2UwARJQCglTdHJlYW1SdW4SHy5yb3VuZHRhYmxlLnYxLlN0cmVhbVJ1blJlcXVlc3QaIC5yb3VuZHRhYmxlLnYxLlN0cmVhbVJ1blJlc3BvbnNlMAESTgoJQ2FuY2VsUnVuEh8ucm91bmR0YWJsZS52MS5DYW5jZWxSdW5SZXF1ZXN0GiAucm91bmR0YWJsZS52MS5DYW5jZWxSdW5SZXNwb25zZRJFCgZHZXRSdW4SHC5yb3VuZHRhYmxlLnYxLkdldFJ1blJlcXVlc3QaHS5yb3VuZHRhYmxlLnYxLkdldFJ1blJlc3BvbnNlEmYKEVJlc29sdmVQZXJtaXNzaW9uEicucm91bmR0YWJsZS52MS5SZXNvbHZlUGVybWlzc2lvblJlcXVlc3QaKC5yb3VuZHRhYmxlLnYxLlJlc29sdmVQZXJtaXNzaW9uUmVzcG9uc2VCSFpGZ2l0aHViLmNvbS9yb3VuZHRhYmxlL3JvdW5kdGFibGUvY2xpZW50cy9nby9yb3VuZHRhYmxlL3YxO3JvdW5kdGFibGV2MWIGcHJvdG8z", [file_google_protobuf_timestamp, file_roundtable_v1_events, file_roundtable_v1_snapshot]);
 
 /**
  * StartRunRequest is one user turn. Its four parts are kept apart on purpose:
@@ -302,6 +302,109 @@ export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
   messageDesc(file_roundtable_v1_orchestrator_service, 7);
 
 /**
+ * ResolvePermissionRequest decides one permission request.
+ *
+ * @generated from message roundtable.v1.ResolvePermissionRequest
+ */
+export type ResolvePermissionRequest = Message<"roundtable.v1.ResolvePermissionRequest"> & {
+  /**
+   * The run. Required.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The tenant of the run. Required.
+   *
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * PermissionRequired.permission_request_id. Required, at most 256
+   * characters.
+   *
+   * @generated from field: string permission_request_id = 3;
+   */
+  permissionRequestId: string;
+
+  /**
+   * Approve or deny. Required.
+   *
+   * @generated from field: roundtable.v1.PermissionDecision decision = 4;
+   */
+  decision: PermissionDecision;
+
+  /**
+   * With APPROVE: the arguments to run the call with instead of the model's,
+   * a JSON object of at most 64 KiB. Optional; not allowed with DENY.
+   *
+   * @generated from field: string edited_arguments_json = 5;
+   */
+  editedArgumentsJson: string;
+
+  /**
+   * With DENY: why, told to the member. Optional, at most 1,024 characters.
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message roundtable.v1.ResolvePermissionRequest.
+ * Use `create(ResolvePermissionRequestSchema)` to create a new message.
+ */
+export const ResolvePermissionRequestSchema: GenMessage<ResolvePermissionRequest> = /*@__PURE__*/
+  messageDesc(file_roundtable_v1_orchestrator_service, 8);
+
+/**
+ * ResolvePermissionResponse says what is recorded for the request.
+ *
+ * @generated from message roundtable.v1.ResolvePermissionResponse
+ */
+export type ResolvePermissionResponse = Message<"roundtable.v1.ResolvePermissionResponse"> & {
+  /**
+   * The decision recorded (this one, or the same one sent earlier).
+   *
+   * @generated from field: roundtable.v1.PermissionDecision decision = 1;
+   */
+  decision: PermissionDecision;
+
+  /**
+   * When it was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp decided_at = 2;
+   */
+  decidedAt?: Timestamp | undefined;
+
+  /**
+   * The run as it is now (RUN_STATUS_AWAITING_APPROVAL while other requests
+   * of it still wait).
+   *
+   * @generated from field: roundtable.v1.Run run = 3;
+   */
+  run?: Run | undefined;
+
+  /**
+   * True when the run went on at once (on this replica). False when no
+   * replica holds the run waiting (its server stopped): the decision is kept,
+   * and the run goes on when the gateway sends the same StartRun again.
+   *
+   * @generated from field: bool resumed = 4;
+   */
+  resumed: boolean;
+};
+
+/**
+ * Describes the message roundtable.v1.ResolvePermissionResponse.
+ * Use `create(ResolvePermissionResponseSchema)` to create a new message.
+ */
+export const ResolvePermissionResponseSchema: GenMessage<ResolvePermissionResponse> = /*@__PURE__*/
+  messageDesc(file_roundtable_v1_orchestrator_service, 9);
+
+/**
  * GetRunResponse answers a GetRun.
  *
  * @generated from message roundtable.v1.GetRunResponse
@@ -320,7 +423,7 @@ export type GetRunResponse = Message<"roundtable.v1.GetRunResponse"> & {
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_orchestrator_service, 8);
+  messageDesc(file_roundtable_v1_orchestrator_service, 10);
 
 /**
  * Run is what Roundtable knows of a run.
@@ -398,6 +501,13 @@ export type Run = Message<"roundtable.v1.Run"> & {
    * @generated from field: string continued_by_run_id = 10;
    */
   continuedByRunId: string;
+
+  /**
+   * The permission requests waiting for a decision (RUN_STATUS_AWAITING_APPROVAL).
+   *
+   * @generated from field: repeated roundtable.v1.PermissionRequired pending_permissions = 11;
+   */
+  pendingPermissions: PermissionRequired[];
 };
 
 /**
@@ -405,7 +515,7 @@ export type Run = Message<"roundtable.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_orchestrator_service, 9);
+  messageDesc(file_roundtable_v1_orchestrator_service, 11);
 
 /**
  * DisconnectPolicy says what a run does when its StartRun stream drops.
@@ -556,6 +666,40 @@ export const CancelOutcomeSchema: GenEnum<CancelOutcome> = /*@__PURE__*/
   enumDesc(file_roundtable_v1_orchestrator_service, 3);
 
 /**
+ * PermissionDecision is a person's answer to a permission request.
+ *
+ * @generated from enum roundtable.v1.PermissionDecision
+ */
+export enum PermissionDecision {
+  /**
+   * Not set: the request is rejected with INVALID_ARGUMENT.
+   *
+   * @generated from enum value: PERMISSION_DECISION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Run the call (with edited_arguments_json when given).
+   *
+   * @generated from enum value: PERMISSION_DECISION_APPROVE = 1;
+   */
+  APPROVE = 1,
+
+  /**
+   * Do not run it; the member is told (with the reason, when given).
+   *
+   * @generated from enum value: PERMISSION_DECISION_DENY = 2;
+   */
+  DENY = 2,
+}
+
+/**
+ * Describes the enum roundtable.v1.PermissionDecision.
+ */
+export const PermissionDecisionSchema: GenEnum<PermissionDecision> = /*@__PURE__*/
+  enumDesc(file_roundtable_v1_orchestrator_service, 4);
+
+/**
  * RunStatus is where a run is in its life.
  *
  * @generated from enum roundtable.v1.RunStatus
@@ -618,13 +762,23 @@ export enum RunStatus {
    * @generated from enum value: RUN_STATUS_CONTINUED = 7;
    */
   CONTINUED = 7,
+
+  /**
+   * Waiting for a person to decide a permission request (see
+   * Run.pending_permissions); nothing of it runs meanwhile. ResolvePermission
+   * resumes it; CancelRun ends it (the waiting call counts as denied, reason
+   * "cancelled").
+   *
+   * @generated from enum value: RUN_STATUS_AWAITING_APPROVAL = 8;
+   */
+  AWAITING_APPROVAL = 8,
 }
 
 /**
  * Describes the enum roundtable.v1.RunStatus.
  */
 export const RunStatusSchema: GenEnum<RunStatus> = /*@__PURE__*/
-  enumDesc(file_roundtable_v1_orchestrator_service, 4);
+  enumDesc(file_roundtable_v1_orchestrator_service, 5);
 
 /**
  * OrchestratorService runs the conversation of one user turn at a time on a
@@ -646,11 +800,17 @@ export const RunStatusSchema: GenEnum<RunStatus> = /*@__PURE__*/
  *                      different snapshot.
  *   NOT_FOUND          [RUN_NOT_FOUND] no such run for this tenant (another
  *                      tenant's run looks exactly like a missing one).
+ *                      [PERMISSION_NOT_FOUND] no such permission request in
+ *                      this tenant's run (the same for another tenant's).
  *   FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
  *                      REJECT. [STREAM_GAP] a StreamRun cannot be continued
  *                      from after_seq. [RUN_CONTINUED] the run's last execution
  *                      stopped before its end and a later run continued it (its
  *                      stream replays the log, then ends so).
+ *                      [PERMISSION_DECIDED] a ResolvePermission whose decision
+ *                      differs from the one already recorded (the message
+ *                      names the recorded one: approve, deny, expired or
+ *                      cancelled).
  *   RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
  *                      delay: [TOO_MANY_RUNS] runs executing in the process or
  *                      for the tenant, [TOO_MANY_CALLS] calls in flight for this
@@ -737,6 +897,25 @@ export const OrchestratorService: GenService<{
     methodKind: "unary";
     input: typeof GetRunRequestSchema;
     output: typeof GetRunResponseSchema;
+  },
+  /**
+   * ResolvePermission answers a permission_required: approve the tool call
+   * (optionally with edited arguments) or deny it (with a reason the member
+   * sees). It answers once the decision is durable, on any replica, even one
+   * that never ran the run; the run then resumes from that call on this
+   * replica or the one holding its lease, and its events reach any stream
+   * attached to it (or StreamRun). A decision recorded while no server ran the
+   * run is acted on when the run is next started, followed or read.
+   * Idempotent: the same decision again answers the same. Errors:
+   * INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
+   * FAILED_PRECONDITION [PERMISSION_DECIDED].
+   *
+   * @generated from rpc roundtable.v1.OrchestratorService.ResolvePermission
+   */
+  resolvePermission: {
+    methodKind: "unary";
+    input: typeof ResolvePermissionRequestSchema;
+    output: typeof ResolvePermissionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_roundtable_v1_orchestrator_service, 0);

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file roundtable/v1/snapshot.proto.
  */
 export const file_roundtable_v1_snapshot: GenFile = /*@__PURE__*/
-  fileDesc("Chxyb3VuZHRhYmxlL3YxL3NuYXBzaG90LnByb3RvEg1yb3VuZHRhYmxlLnYxIlMKClJ1bkNvbnRleHQSDgoGcnVuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRISCgpyZXF1ZXN0X2lkGAMgASgJEg4KBnRlbmFudBgEIAEoCSK3AQoIU25hcHNob3QSJwoHc2Vzc2lvbhgBIAEoCzIWLnJvdW5kdGFibGUudjEuU2Vzc2lvbhImCgdtZW1iZXJzGAIgAygLMhUucm91bmR0YWJsZS52MS5NZW1iZXISLgoHaGlzdG9yeRgDIAMoCzIdLnJvdW5kdGFibGUudjEuSGlzdG9yeU1lc3NhZ2USKgoJdXNlcl90dXJuGAQgASgLMhcucm91bmR0YWJsZS52MS5Vc2VyVHVybiL7AQoHU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEigKBGtpbmQYAiABKA4yGi5yb3VuZHRhYmxlLnYxLlNlc3Npb25LaW5kEhkKEXByaW1hcnlfbWVtYmVyX2lkGAMgASgJEi4KDWRlZmF1bHRfbW9kZWwYBCABKAsyFy5yb3VuZHRhYmxlLnYxLk1vZGVsUmVmEicKB2J1ZGdldHMYBSABKAsyFi5yb3VuZHRhYmxlLnYxLkJ1ZGdldHMSPgoTc3BlYWtlcl9jb25jdXJyZW5jeRgGIAEoDjIhLnJvdW5kdGFibGUudjEuU3BlYWtlckNvbmN1cnJlbmN5IooBCgdCdWRnZXRzEhQKDG1heF9zcGVha2VycxgBIAEoDRISCgptYXhfcm91bmRzGAIgASgNEhkKEW1heF9vdXRwdXRfdG9rZW5zGAMgASgNEhsKE3J1bl90aW1lb3V0X3NlY29uZHMYBCABKA0SHQoVbWF4X3BhcmFsbGVsX3NwZWFrZXJzGAUgASgNIqMBCghNb2RlbFJlZhIqCgZ0YXJnZXQYASABKAsyGi5yb3VuZHRhYmxlLnYxLk1vZGVsVGFyZ2V0Ei0KCWZhbGxiYWNrcxgCIAMoCzIaLnJvdW5kdGFibGUudjEuTW9kZWxUYXJnZXQSGAoLdGVtcGVyYXR1cmUYAyABKAFIAIgBARISCgp0aW1lb3V0X21zGAQgASgNQg4KDF90ZW1wZXJhdHVyZSJYCgtNb2RlbFRhcmdldBIQCghwcm92aWRlchgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghiYXNlX3VybBgDIAEoCRIWCg5jcmVkZW50aWFsX3JlZhgEIAEoCSLfAQoGTWVtYmVyEhEKCW1lbWJlcl9pZBgBIAEoCRIUCgxkaXNwbGF5X25hbWUYAiABKAkSDwoHYWxpYXNlcxgDIAMoCRIPCgdwZXJzb25hGAQgASgJEhMKC3N0eWxlX3J1bGVzGAUgAygJEiYKBW1vZGVsGAYgASgLMhcucm91bmR0YWJsZS52MS5Nb2RlbFJlZhIkCgZza2lsbHMYByADKAsyFC5yb3VuZHRhYmxlLnYxLlNraWxsEicKCG1lbW9yaWVzGAggAygLMhUucm91bmR0YWJsZS52MS5NZW1vcnkiPQoFU2tpbGwSEAoIc2tpbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxpbnN0cnVjdGlvbnMYAyABKAkicAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIPCgdjb250ZW50GAIgASgJEhIKCmltcG9ydGFuY2UYAyABKAISLgoKdXBkYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiogEKDkhpc3RvcnlNZXNzYWdlEhIKCm1lc3NhZ2VfaWQYASABKAkSKAoEcm9sZRgCIAEoDjIaLnJvdW5kdGFibGUudjEuTWVzc2FnZVJvbGUSEQoJbWVtYmVyX2lkGAMgASgJEg8KB2NvbnRlbnQYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiUwoIVXNlclR1cm4SEgoKbWVzc2FnZV9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEhAKCG1lbnRpb25zGAMgAygJEhMKC21lbnRpb25fYWxsGAQgASgIKn8KElNwZWFrZXJDb25jdXJyZW5jeRIjCh9TUEVBS0VSX0NPTkNVUlJFTkNZX1VOU1BFQ0lGSUVEEAASIgoeU1BFQUtFUl9DT05DVVJSRU5DWV9TRVFVRU5USUFMEAESIAocU1BFQUtFUl9DT05DVVJSRU5DWV9QQVJBTExFTBACKlwKC1Nlc3Npb25LaW5kEhwKGFNFU1NJT05fS0lORF9VTlNQRUNJRklFRBAAEhcKE1NFU1NJT05fS0lORF9TSU5HTEUQARIWChJTRVNTSU9OX0tJTkRfR1JPVVAQAipeCgtNZXNzYWdlUm9sZRIcChhNRVNTQUdFX1JPTEVfVU5TUEVDSUZJRUQQABIVChFNRVNTQUdFX1JPTEVfVVNFUhABEhoKFk1FU1NBR0VfUk9MRV9BU1NJU1RBTlQQAkJIWkZnaXRodWIuY29tL3JvdW5kdGFibGUvcm91bmR0YWJsZS9jbGllbnRzL2dvL3JvdW5kdGFibGUvdjE7cm91bmR0YWJsZXYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("Chxyb3VuZHRhYmxlL3YxL3NuYXBzaG90LnByb3RvEg1yb3VuZHRhYmxlLnYxIlMKClJ1bkNvbnRleHQSDgoGcnVuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRISCgpyZXF1ZXN0X2lkGAMgASgJEg4KBnRlbmFudBgEIAEoCSK3AQoIU25hcHNob3QSJwoHc2Vzc2lvbhgBIAEoCzIWLnJvdW5kdGFibGUudjEuU2Vzc2lvbhImCgdtZW1iZXJzGAIgAygLMhUucm91bmR0YWJsZS52MS5NZW1iZXISLgoHaGlzdG9yeRgDIAMoCzIdLnJvdW5kdGFibGUudjEuSGlzdG9yeU1lc3NhZ2USKgoJdXNlcl90dXJuGAQgASgLMhcucm91bmR0YWJsZS52MS5Vc2VyVHVybiLQAgoHU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEigKBGtpbmQYAiABKA4yGi5yb3VuZHRhYmxlLnYxLlNlc3Npb25LaW5kEhkKEXByaW1hcnlfbWVtYmVyX2lkGAMgASgJEi4KDWRlZmF1bHRfbW9kZWwYBCABKAsyFy5yb3VuZHRhYmxlLnYxLk1vZGVsUmVmEicKB2J1ZGdldHMYBSABKAsyFi5yb3VuZHRhYmxlLnYxLkJ1ZGdldHMSPgoTc3BlYWtlcl9jb25jdXJyZW5jeRgGIAEoDjIhLnJvdW5kdGFibGUudjEuU3BlYWtlckNvbmN1cnJlbmN5Ei8KDHRvb2xfc2VydmVycxgHIAMoCzIZLnJvdW5kdGFibGUudjEuVG9vbFNlcnZlchIiCgV0b29scxgIIAMoCzITLnJvdW5kdGFibGUudjEuVG9vbCJECgpUb29sU2VydmVyEhEKCXNlcnZlcl9pZBgBIAEoCRILCgN1cmwYAiABKAkSFgoOY3JlZGVudGlhbF9yZWYYAyABKAkirwEKBFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgDIAEoCRIRCglzZXJ2ZXJfaWQYBCABKAkSLwoIYXBwcm92YWwYBSABKA4yHS5yb3VuZHRhYmxlLnYxLkFwcHJvdmFsUG9saWN5EhEKCXJlYWRfb25seRgGIAEoCBISCgp0aW1lb3V0X21zGAcgASgNItABCgdCdWRnZXRzEhQKDG1heF9zcGVha2VycxgBIAEoDRISCgptYXhfcm91bmRzGAIgASgNEhkKEW1heF9vdXRwdXRfdG9rZW5zGAMgASgNEhsKE3J1bl90aW1lb3V0X3NlY29uZHMYBCABKA0SHQoVbWF4X3BhcmFsbGVsX3NwZWFrZXJzGAUgASgNEiIKGm1heF90b29sX2NhbGxzX3Blcl9zcGVha2VyGAYgASgNEiAKGGFwcHJvdmFsX3RpbWVvdXRfc2Vjb25kcxgHIAEoDSKjAQoITW9kZWxSZWYSKgoGdGFyZ2V0GAEgASgLMhoucm91bmR0YWJsZS52MS5Nb2RlbFRhcmdldBItCglmYWxsYmFja3MYAiADKAsyGi5yb3VuZHRhYmxlLnYxLk1vZGVsVGFyZ2V0EhgKC3RlbXBlcmF0dXJlGAMgASgBSACIAQESEgoKdGltZW91dF9tcxgEIAEoDUIOCgxfdGVtcGVyYXR1cmUiWAoLTW9kZWxUYXJnZXQSEAoIcHJvdmlkZXIYASABKAkSDQoFbW9kZWwYAiABKAkSEAoIYmFzZV91cmwYAyABKAkSFgoOY3JlZGVudGlhbF9yZWYYBCABKAki8wEKBk1lbWJlchIRCgltZW1iZXJfaWQYASABKAkSFAoMZGlzcGxheV9uYW1lGAIgASgJEg8KB2FsaWFzZXMYAyADKAkSDwoHcGVyc29uYRgEIAEoCRITCgtzdHlsZV9ydWxlcxgFIAMoCRImCgVtb2RlbBgGIAEoCzIXLnJvdW5kdGFibGUudjEuTW9kZWxSZWYSJAoGc2tpbGxzGAcgAygLMhQucm91bmR0YWJsZS52MS5Ta2lsbBInCghtZW1vcmllcxgIIAMoCzIVLnJvdW5kdGFibGUudjEuTWVtb3J5EhIKCnRvb2xfbmFtZXMYCSADKAkiPQoFU2tpbGwSEAoIc2tpbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxpbnN0cnVjdGlvbnMYAyABKAkicAoGTWVtb3J5EhEKCW1lbW9yeV9pZBgBIAEoCRIPCgdjb250ZW50GAIgASgJEhIKCmltcG9ydGFuY2UYAyABKAISLgoKdXBkYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiogEKDkhpc3RvcnlNZXNzYWdlEhIKCm1lc3NhZ2VfaWQYASABKAkSKAoEcm9sZRgCIAEoDjIaLnJvdW5kdGFibGUudjEuTWVzc2FnZVJvbGUSEQoJbWVtYmVyX2lkGAMgASgJEg8KB2NvbnRlbnQYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiUwoIVXNlclR1cm4SEgoKbWVzc2FnZV9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEhAKCG1lbnRpb25zGAMgAygJEhMKC21lbnRpb25fYWxsGAQgASgIKmgKDkFwcHJvdmFsUG9saWN5Eh8KG0FQUFJPVkFMX1BPTElDWV9VTlNQRUNJRklFRBAAEhkKFUFQUFJPVkFMX1BPTElDWV9ORVZFUhABEhoKFkFQUFJPVkFMX1BPTElDWV9BTFdBWVMQAip/ChJTcGVha2VyQ29uY3VycmVuY3kSIwofU1BFQUtFUl9DT05DVVJSRU5DWV9VTlNQRUNJRklFRBAAEiIKHlNQRUFLRVJfQ09OQ1VSUkVOQ1lfU0VRVUVOVElBTBABEiAKHFNQRUFLRVJfQ09OQ1VSUkVOQ1lfUEFSQUxMRUwQAipcCgtTZXNzaW9uS2luZBIcChhTRVNTSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIXChNTRVNTSU9OX0tJTkRfU0lOR0xFEAESFgoSU0VTU0lPTl9LSU5EX0dST1VQEAIqXgoLTWVzc2FnZVJvbGUSHAoYTUVTU0FHRV9ST0xFX1VOU1BFQ0lGSUVEEAASFQoRTUVTU0FHRV9ST0xFX1VTRVIQARIaChZNRVNTQUdFX1JPTEVfQVNTSVNUQU5UEAJCSFpGZ2l0aHViLmNvbS9yb3VuZHRhYmxlL3JvdW5kdGFibGUvY2xpZW50cy9nby9yb3VuZHRhYmxlL3YxO3JvdW5kdGFibGV2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * RunContext identifies one user turn and carries the correlation fields that
@@ -174,6 +174,23 @@ export type Session = Message<"roundtable.v1.Session"> & {
    * @generated from field: roundtable.v1.SpeakerConcurrency speaker_concurrency = 6;
    */
   speakerConcurrency: SpeakerConcurrency;
+
+  /**
+   * The MCP servers the session's tools live on. At most 16; server ids
+   * unique.
+   *
+   * @generated from field: repeated roundtable.v1.ToolServer tool_servers = 7;
+   */
+  toolServers: ToolServer[];
+
+  /**
+   * The tools members may call (Member.tool_names picks a member's). The
+   * gateway is the source of truth: Roundtable describes these to the model
+   * as given and never lists a server's tools. At most 64; names unique.
+   *
+   * @generated from field: repeated roundtable.v1.Tool tools = 8;
+   */
+  tools: Tool[];
 };
 
 /**
@@ -182,6 +199,127 @@ export type Session = Message<"roundtable.v1.Session"> & {
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
   messageDesc(file_roundtable_v1_snapshot, 2);
+
+/**
+ * ToolServer is a Model Context Protocol server reached over streamable HTTP.
+ * Roundtable keeps one MCP session open per server (and credential) and
+ * sends every call of every run through it.
+ *
+ * @generated from message roundtable.v1.ToolServer
+ */
+export type ToolServer = Message<"roundtable.v1.ToolServer"> & {
+  /**
+   * Unique within the snapshot; Tool.server_id refers to it. Required, 1 to
+   * 128 characters from [A-Za-z0-9._:-].
+   *
+   * @generated from field: string server_id = 1;
+   */
+  serverId: string;
+
+  /**
+   * The server's streamable-HTTP endpoint, for example
+   * "http://tools.internal:8000/mcp". Required, http or https, at most 2,048
+   * characters.
+   *
+   * @generated from field: string url = 2;
+   */
+  url: string;
+
+  /**
+   * The key of StartRunRequest.credentials holding a bearer token sent as
+   * "Authorization: Bearer <token>". Optional; when set it must be present in
+   * that map. The token never reaches state, checkpoints, events, logs or
+   * spans.
+   *
+   * @generated from field: string credential_ref = 3;
+   */
+  credentialRef: string;
+};
+
+/**
+ * Describes the message roundtable.v1.ToolServer.
+ * Use `create(ToolServerSchema)` to create a new message.
+ */
+export const ToolServerSchema: GenMessage<ToolServer> = /*@__PURE__*/
+  messageDesc(file_roundtable_v1_snapshot, 3);
+
+/**
+ * Tool is one tool a member may call, as the gateway declares it.
+ *
+ * Every call is a durable step of its reply: its idempotency key
+ * "<reply_id>/<n>" (n from 1 within the reply) is recorded before the call
+ * and sent to the tool server in the MCP request's `_meta` as
+ * "dev.roundtable/idempotency-key", and its result is recorded before the
+ * model sees it. A run that resumes (after a crash, a cancel, a move to
+ * another replica) replays recorded calls instead of calling again; a call
+ * that was sent but whose result was not recorded is sent again with the same
+ * key, so a write tool that deduplicates on the key runs once.
+ *
+ * @generated from message roundtable.v1.Tool
+ */
+export type Tool = Message<"roundtable.v1.Tool"> & {
+  /**
+   * The name the model calls it by. Required, unique within the snapshot, 1 to
+   * 64 characters from [A-Za-z0-9_-] (what OpenAI-compatible servers accept).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * What the tool does, for the model. At most 4 KiB.
+   *
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * The JSON Schema of the tool's arguments: a JSON object whose "type" is
+   * "object". Required, at most 16 KiB. Checked to be a valid JSON Schema.
+   *
+   * @generated from field: string input_schema_json = 3;
+   */
+  inputSchemaJson: string;
+
+  /**
+   * The ToolServer the tool lives on. Required; must be one of
+   * Session.tool_servers.
+   *
+   * @generated from field: string server_id = 4;
+   */
+  serverId: string;
+
+  /**
+   * Whether a person must approve each call before it runs. Unset means
+   * APPROVAL_POLICY_NEVER.
+   *
+   * @generated from field: roundtable.v1.ApprovalPolicy approval = 5;
+   */
+  approval: ApprovalPolicy;
+
+  /**
+   * True when the tool changes nothing (a lookup): a call that failed on the
+   * way is retried by the harness, and no pre-call record is written. A
+   * write tool (false) is never retried within an attempt; see the key above.
+   *
+   * @generated from field: bool read_only = 6;
+   */
+  readOnly: boolean;
+
+  /**
+   * Per-attempt timeout in milliseconds (default 30,000, at most 600,000).
+   *
+   * @generated from field: uint32 timeout_ms = 7;
+   */
+  timeoutMs: number;
+};
+
+/**
+ * Describes the message roundtable.v1.Tool.
+ * Use `create(ToolSchema)` to create a new message.
+ */
+export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
+  messageDesc(file_roundtable_v1_snapshot, 4);
 
 /**
  * Budgets bound one turn. A zero field means "use the server default"; the
@@ -228,6 +366,23 @@ export type Budgets = Message<"roundtable.v1.Budgets"> & {
    * @generated from field: uint32 max_parallel_speakers = 5;
    */
   maxParallelSpeakers: number;
+
+  /**
+   * Tool calls one speaker may make in one reply (default 4, at most 32).
+   * Past it, the model is asked to answer without more tools.
+   *
+   * @generated from field: uint32 max_tool_calls_per_speaker = 6;
+   */
+  maxToolCallsPerSpeaker: number;
+
+  /**
+   * How long a permission request waits for a decision, in seconds (default
+   * 86,400, at most 2,592,000: 30 days). Past it the call counts as denied
+   * with the reason "expired".
+   *
+   * @generated from field: uint32 approval_timeout_seconds = 7;
+   */
+  approvalTimeoutSeconds: number;
 };
 
 /**
@@ -235,7 +390,7 @@ export type Budgets = Message<"roundtable.v1.Budgets"> & {
  * Use `create(BudgetsSchema)` to create a new message.
  */
 export const BudgetsSchema: GenMessage<Budgets> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 3);
+  messageDesc(file_roundtable_v1_snapshot, 5);
 
 /**
  * ModelRef names the model a member (or the supervisor) talks to, and where
@@ -280,7 +435,7 @@ export type ModelRef = Message<"roundtable.v1.ModelRef"> & {
  * Use `create(ModelRefSchema)` to create a new message.
  */
 export const ModelRefSchema: GenMessage<ModelRef> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 4);
+  messageDesc(file_roundtable_v1_snapshot, 6);
 
 /**
  * ModelTarget is one concrete model at one provider.
@@ -327,7 +482,7 @@ export type ModelTarget = Message<"roundtable.v1.ModelTarget"> & {
  * Use `create(ModelTargetSchema)` to create a new message.
  */
 export const ModelTargetSchema: GenMessage<ModelTarget> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 5);
+  messageDesc(file_roundtable_v1_snapshot, 7);
 
 /**
  * Member is one agent persona that can speak in the chat.
@@ -395,6 +550,14 @@ export type Member = Message<"roundtable.v1.Member"> & {
    * @generated from field: repeated roundtable.v1.Memory memories = 8;
    */
   memories: Memory[];
+
+  /**
+   * The tools (Tool.name) this member may call. Each must be one of
+   * Session.tools; at most 64. Empty: the member calls no tools.
+   *
+   * @generated from field: repeated string tool_names = 9;
+   */
+  toolNames: string[];
 };
 
 /**
@@ -402,7 +565,7 @@ export type Member = Message<"roundtable.v1.Member"> & {
  * Use `create(MemberSchema)` to create a new message.
  */
 export const MemberSchema: GenMessage<Member> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 6);
+  messageDesc(file_roundtable_v1_snapshot, 8);
 
 /**
  * Skill is a capability compiled into a member's prompt.
@@ -438,7 +601,7 @@ export type Skill = Message<"roundtable.v1.Skill"> & {
  * Use `create(SkillSchema)` to create a new message.
  */
 export const SkillSchema: GenMessage<Skill> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 7);
+  messageDesc(file_roundtable_v1_snapshot, 9);
 
 /**
  * Memory is one thing a member remembers, owned by the gateway.
@@ -482,7 +645,7 @@ export type Memory = Message<"roundtable.v1.Memory"> & {
  * Use `create(MemorySchema)` to create a new message.
  */
 export const MemorySchema: GenMessage<Memory> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 8);
+  messageDesc(file_roundtable_v1_snapshot, 10);
 
 /**
  * HistoryMessage is one earlier message of the conversation.
@@ -531,7 +694,7 @@ export type HistoryMessage = Message<"roundtable.v1.HistoryMessage"> & {
  * Use `create(HistoryMessageSchema)` to create a new message.
  */
 export const HistoryMessageSchema: GenMessage<HistoryMessage> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 9);
+  messageDesc(file_roundtable_v1_snapshot, 11);
 
 /**
  * UserTurn is the new message the run answers.
@@ -577,7 +740,45 @@ export type UserTurn = Message<"roundtable.v1.UserTurn"> & {
  * Use `create(UserTurnSchema)` to create a new message.
  */
 export const UserTurnSchema: GenMessage<UserTurn> = /*@__PURE__*/
-  messageDesc(file_roundtable_v1_snapshot, 10);
+  messageDesc(file_roundtable_v1_snapshot, 12);
+
+/**
+ * ApprovalPolicy says whether a tool's calls wait for a person.
+ *
+ * @generated from enum roundtable.v1.ApprovalPolicy
+ */
+export enum ApprovalPolicy {
+  /**
+   * Not set: APPROVAL_POLICY_NEVER.
+   *
+   * @generated from enum value: APPROVAL_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Calls run as the model makes them.
+   *
+   * @generated from enum value: APPROVAL_POLICY_NEVER = 1;
+   */
+  NEVER = 1,
+
+  /**
+   * Each call is announced with permission_required and runs only once a
+   * person approved it (ResolvePermission); the run waits meanwhile
+   * (RUN_STATUS_AWAITING_APPROVAL), for at most
+   * Budgets.approval_timeout_seconds, after which the call counts as denied
+   * with the reason "expired".
+   *
+   * @generated from enum value: APPROVAL_POLICY_ALWAYS = 2;
+   */
+  ALWAYS = 2,
+}
+
+/**
+ * Describes the enum roundtable.v1.ApprovalPolicy.
+ */
+export const ApprovalPolicySchema: GenEnum<ApprovalPolicy> = /*@__PURE__*/
+  enumDesc(file_roundtable_v1_snapshot, 0);
 
 /**
  * SpeakerConcurrency says whether a round's independent speakers answer one
@@ -623,7 +824,7 @@ export enum SpeakerConcurrency {
  * Describes the enum roundtable.v1.SpeakerConcurrency.
  */
 export const SpeakerConcurrencySchema: GenEnum<SpeakerConcurrency> = /*@__PURE__*/
-  enumDesc(file_roundtable_v1_snapshot, 0);
+  enumDesc(file_roundtable_v1_snapshot, 1);
 
 /**
  * SessionKind says how a turn is routed.
@@ -658,7 +859,7 @@ export enum SessionKind {
  * Describes the enum roundtable.v1.SessionKind.
  */
 export const SessionKindSchema: GenEnum<SessionKind> = /*@__PURE__*/
-  enumDesc(file_roundtable_v1_snapshot, 1);
+  enumDesc(file_roundtable_v1_snapshot, 2);
 
 /**
  * MessageRole says who wrote a history message.
@@ -692,5 +893,5 @@ export enum MessageRole {
  * Describes the enum roundtable.v1.MessageRole.
  */
 export const MessageRoleSchema: GenEnum<MessageRole> = /*@__PURE__*/
-  enumDesc(file_roundtable_v1_snapshot, 2);
+  enumDesc(file_roundtable_v1_snapshot, 3);
 

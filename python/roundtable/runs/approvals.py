@@ -1,0 +1,124 @@
+"""Decisions on permission requests: recorded first, acted on after.
+
+A decision is a compare-and-set on the call's row (`ToolCallStore.decide_tool_call`): the
+first one recorded wins, on any replica, and the same decision again answers the same. It
+is durable before ResolvePermission answers. Then, where this process holds the run
+parked (with its snapshot and credentials in memory), the run goes on here at once; a run
+no process holds goes on at its next StartRun, which finds the decision in the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from roundtable.domain.errors import PermissionDecided, PermissionNotFound, RunNotFound
+from roundtable.domain.events import PermissionRequired
+from roundtable.domain.tools import ToolCallRecord, Verdict
+from roundtable.runs.live import LiveRun
+from roundtable.runs.log import EventLog
+from roundtable.runs.progress import Progress
+from roundtable.runs.registry import LiveRegistry
+from roundtable.store.base import RunRecord
+
+Unpark = Callable[[LiveRun], Awaitable[bool]]
+"""Resumes a run this process holds parked; False when it cannot now (no room)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What ResolvePermission answers: the call's recorded decision and the run now."""
+
+    call: ToolCallRecord
+    record: RunRecord
+    progress: Progress
+    resumed: bool
+    """Whether the run went on in this process (else: at its next StartRun, or on the
+    replica that holds it)."""
+
+
+class Approvals:
+    """Records decisions on permission requests and lists the waiting ones."""
+
+    def __init__(self, *, log: EventLog, registry: LiveRegistry, unpark: Unpark) -> None:
+        self.log = log
+        self.registry = registry
+        self.unpark = unpark
+
+    async def resolve(
+        self,
+        tenant: str,
+        run_id: str,
+        call_key: str,
+        verdict: Verdict,
+        *,
+        reason: str = "",
+        edited_arguments_json: str = "",
+    ) -> Resolution:
+        """Records a person's decision (or finds the same one recorded) and resumes the run
+        when this process holds it parked.
+
+        Raises:
+            RunNotFound: no such run for this tenant.
+            PermissionNotFound: the run has no such permission request.
+            PermissionDecided: another decision is recorded (its name in the message).
+        """
+        store = self.log.store
+        live = self.registry.get(tenant, run_id)
+        record = live.record if live is not None else await store.get_run(tenant, run_id)
+        if record is None:
+            raise RunNotFound(run_id)
+        call = await store.tool_call(tenant, run_id, call_key)
+        if call is None or not call.needs_approval:
+            raise PermissionNotFound(call_key[:256])
+        if call.verdict is Verdict.PENDING:
+            late = time.time() >= call.expires_at
+            await store.decide_tool_call(
+                tenant,
+                run_id,
+                call_key,
+                Verdict.EXPIRED if late else verdict,
+                reason="expired" if late else reason,
+                edited_arguments_json="" if late else edited_arguments_json,
+            )
+            call = await store.tool_call(tenant, run_id, call_key) or call
+        if call.verdict is not verdict:
+            # Expired or cancelled meanwhile, or another person decided first.
+            resumed = await self._go_on(live)
+            raise PermissionDecided(f"{call_key[:256]} is recorded as {call.verdict.value}")
+        resumed = await self._go_on(live)
+        if live is not None:
+            record, progress = live.record, live.progress
+        else:
+            record = await store.get_run(tenant, run_id) or record
+            progress = await self.log.progress(record)
+        return Resolution(call=call, record=record, progress=progress, resumed=resumed)
+
+    async def _go_on(self, live: LiveRun | None) -> bool:
+        """Resumes the run when this process holds it parked."""
+        if live is None or self.registry.parked(*live.key) is None:
+            return False
+        return await self.unpark(live)
+
+    async def cancel_waiting(self, tenant: str, run_id: str) -> None:
+        """Records every waiting call of a run being cancelled as denied (`cancelled`)."""
+        store = self.log.store
+        for call in await store.tool_calls(tenant, run_id):
+            if call.needs_approval and call.verdict is Verdict.PENDING:
+                await store.decide_tool_call(
+                    tenant, run_id, call.call_key, Verdict.CANCELLED, reason="cancelled"
+                )
+
+    async def pending(
+        self, tenant: str, run_id: str, progress: Progress
+    ) -> list[PermissionRequired]:
+        """The run's permission requests still waiting for a decision, as announced."""
+        if not progress.permissions:
+            return []
+        waiting = {
+            c.call_key
+            for c in await self.log.store.tool_calls(tenant, run_id)
+            if c.needs_approval and c.verdict is Verdict.PENDING
+        }
+        return [p for key, p in progress.permissions.items() if key in waiting]

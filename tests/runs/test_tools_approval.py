@@ -1,0 +1,323 @@
+"""Members call tools over MCP, and a person approves the risky calls: what a gateway sees,
+over a real server (both stores) and a real MCP tool server process.
+
+The offline model calls a tool the user turn names ("use weather for Paris"), with the
+rest of the sentence as its argument, and answers quoting the result; the test server's
+`note` counts its executions per idempotency key, so "ran once" is read from the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.builders import finals, kinds, member, of_kind, start_request
+from support.mcp_server import McpServerProcess
+
+WEATHER_SCHEMA = json.dumps(
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+)
+NOTE_SCHEMA = json.dumps(
+    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+)
+APPROVE, DENY = pb.PERMISSION_DECISION_APPROVE, pb.PERMISSION_DECISION_DENY
+
+
+@pytest.fixture
+async def mcp(tmp_path: Path) -> AsyncIterator[McpServerProcess]:
+    server = await McpServerProcess(tmp_path / "mcp.log").start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def tool_request(
+    text: str, mcp: McpServerProcess, run_id: str, *, approval_timeout_s: int = 0
+) -> pb.StartRunRequest:
+    """A single chat whose member may call `weather` (read-only, no approval) and `note`
+    (a write that needs approval)."""
+    mei = member("mei", "Mei")
+    mei.tool_names.extend(["weather", "note"])
+    request = start_request(
+        text,
+        members=[mei],
+        run_id=run_id,
+        thread_id=f"t-{run_id}",
+        kind=spb.SESSION_KIND_SINGLE,
+        budgets=spb.Budgets(approval_timeout_seconds=approval_timeout_s)
+        if approval_timeout_s
+        else None,
+    )
+    session = request.snapshot.session
+    session.tool_servers.add(server_id="local", url=mcp.url)
+    session.tools.add(
+        name="weather",
+        description="The weather in a city.",
+        input_schema_json=WEATHER_SCHEMA,
+        server_id="local",
+        read_only=True,
+    )
+    session.tools.add(
+        name="note",
+        description="Writes a note.",
+        input_schema_json=NOTE_SCHEMA,
+        server_id="local",
+        approval=spb.APPROVAL_POLICY_ALWAYS,
+    )
+    return request
+
+
+class Reader:
+    """A StartRun stream read event by event in the background."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self.call = call
+        self.events: list[epb.RunEvent] = []
+        self._arrived = asyncio.Event()
+        self.task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        async for response in self.call:
+            self.events.append(response.event)
+            self._arrived.set()
+
+    async def until(self, kind: str, timeout: float = 20.0) -> epb.RunEvent:
+        """The first event of `kind`, once it arrived."""
+        async with asyncio.timeout(timeout):
+            while True:
+                found = of_kind(self.events, kind)
+                if found:
+                    return found[0]
+                if self.task.done():
+                    self.task.result()
+                    raise AssertionError(f"stream ended without {kind}: {kinds(self.events)}")
+                self._arrived.clear()
+                await self._arrived.wait()
+
+    async def end(self, timeout: float = 20.0) -> list[epb.RunEvent]:
+        async with asyncio.timeout(timeout):
+            await self.task
+        return self.events
+
+
+def reason_of(error: grpc.aio.AioRpcError) -> str:
+    status = rpc_status.from_call(error)
+    assert status is not None
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""
+
+
+def resolve(
+    run_id: str, request_id: str, decision: int, *, tenant: str = "tenant-1", **kwargs: str
+) -> pb.ResolvePermissionRequest:
+    return pb.ResolvePermissionRequest(
+        run_id=run_id,
+        tenant=tenant,
+        permission_request_id=request_id,
+        decision=decision,
+        **kwargs,
+    )
+
+
+async def test_a_read_only_tool_runs_without_approval_and_the_reply_quotes_it(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    events = [r.event async for r in stub.StartRun(tool_request("use weather for Paris", mcp, "w1"))]
+    assert kinds(events)[-1] == "run_completed"
+    (final,) = finals(events)
+    assert "Sunny, 21°C in Paris" in final.content
+    assert [(t.call_id, t.tool_name, t.outcome) for t in final.tool_calls] == [
+        (f"{final.reply_id}/1", "weather", epb.TOOL_CALL_OUTCOME_OK)
+    ]
+    assert mcp.counts("weather") == {f"{final.reply_id}/1": 1}
+    assert not of_kind(events, "permission_required")
+
+
+async def test_an_approved_call_waits_for_the_decision_then_runs_once(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "a1")))
+    asked = (await reader.until("permission_required")).permission_required
+    assert asked.tool_name == asked.action == "note"
+    assert json.loads(asked.arguments_json) == {"text": "buy milk"}
+    assert dict(asked.arguments) == {"text": "buy milk"}
+    assert asked.permission_request_id == f"{asked.reply_id}/1"
+    assert asked.expires_at.seconds > 0
+    # Nothing ran, and the run says it waits, listing the request.
+    assert mcp.counts("note") == {}
+    run = (await stub.GetRun(pb.GetRunRequest(run_id="a1", tenant="tenant-1"))).run
+    assert run.status == pb.RUN_STATUS_AWAITING_APPROVAL
+    assert [p.permission_request_id for p in run.pending_permissions] == [
+        asked.permission_request_id
+    ]
+
+    answer = await stub.ResolvePermission(resolve("a1", asked.permission_request_id, APPROVE))
+    assert answer.decision == APPROVE and answer.resumed
+    assert answer.decided_at.seconds > 0
+
+    events = await reader.end()
+    assert kinds(events)[-1] == "run_completed"
+    assert kinds(events).count("run_started") == 1  # one execution: it waited, then went on
+    (final,) = finals(events)
+    assert "noted 'buy milk' (1)" in final.content
+    assert [(t.tool_name, t.outcome) for t in final.tool_calls] == [
+        ("note", epb.TOOL_CALL_OUTCOME_OK)
+    ]
+    assert mcp.counts("note") == {asked.permission_request_id: 1}
+    run = (await stub.GetRun(pb.GetRunRequest(run_id="a1", tenant="tenant-1"))).run
+    assert run.status == pb.RUN_STATUS_SUCCEEDED and not run.pending_permissions
+
+    # The same decision again answers the same; a different one names the recorded one.
+    again = await stub.ResolvePermission(resolve("a1", asked.permission_request_id, APPROVE))
+    assert again.decision == APPROVE
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.ResolvePermission(resolve("a1", asked.permission_request_id, DENY))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(refused.value) == "PERMISSION_DECIDED"
+    assert "approve" in (refused.value.details() or "")
+
+
+async def test_a_denied_call_never_runs_and_the_member_hears_why(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    reader = Reader(stub.StartRun(tool_request("用 note 记 买牛奶", mcp, "d1")))
+    asked = (await reader.until("permission_required")).permission_required
+    assert json.loads(asked.arguments_json) == {"text": "买牛奶"}
+    await stub.ResolvePermission(
+        resolve("d1", asked.permission_request_id, DENY, reason="not today")
+    )
+    events = await reader.end()
+    (final,) = finals(events)
+    assert "not today" in final.content and "note 的结果" in final.content
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
+    assert mcp.counts("note") == {}
+
+
+async def test_an_approval_with_edited_arguments_runs_the_edit(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "e1")))
+    asked = (await reader.until("permission_required")).permission_required
+    edited = json.dumps({"text": "buy oat milk"})
+    await stub.ResolvePermission(
+        resolve("e1", asked.permission_request_id, APPROVE, edited_arguments_json=edited)
+    )
+    (final,) = finals(await reader.end())
+    assert "noted 'buy oat milk' (1)" in final.content
+
+
+async def test_a_request_nobody_answers_expires_and_counts_as_denied(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    request = tool_request("use note for buy milk", mcp, "x1", approval_timeout_s=1)
+    reader = Reader(stub.StartRun(request))
+    asked = (await reader.until("permission_required")).permission_required
+    events = await reader.end(timeout=15)
+    (final,) = finals(events)
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_EXPIRED]
+    assert kinds(events)[-1] == "run_completed"
+    assert mcp.counts("note") == {}
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await stub.ResolvePermission(resolve("x1", asked.permission_request_id, APPROVE))
+    assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "expired" in (late.value.details() or "")
+
+
+async def test_cancel_while_waiting_ends_the_run_and_the_call_never_runs(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "c1")))
+    asked = (await reader.until("permission_required")).permission_required
+    cancel = await stub.CancelRun(pb.CancelRunRequest(run_id="c1", tenant="tenant-1"))
+    assert cancel.outcome == pb.CANCEL_OUTCOME_REQUESTED
+    events = await reader.end()
+    assert kinds(events)[-1] == "run_cancelled"
+    assert mcp.counts("note") == {}
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await stub.ResolvePermission(resolve("c1", asked.permission_request_id, APPROVE))
+    assert "cancelled" in (late.value.details() or "")
+    run = (await stub.GetRun(pb.GetRunRequest(run_id="c1", tenant="tenant-1"))).run
+    assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
+
+
+async def test_unknown_requests_and_other_tenants_runs_are_not_found(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "n1")))
+    asked = (await reader.until("permission_required")).permission_required
+    for wrong in (
+        resolve("n1", "no-such-request", APPROVE),
+        resolve("n1", asked.permission_request_id, APPROVE, tenant="other"),
+        resolve("no-such-run", asked.permission_request_id, APPROVE),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.ResolvePermission(wrong)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    await stub.CancelRun(pb.CancelRunRequest(run_id="n1", tenant="tenant-1"))
+    await reader.end()
+
+
+async def test_bad_tool_declarations_are_invalid_argument_naming_each_field(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    request = tool_request("use weather for Paris", mcp, "v1")
+    session = request.snapshot.session
+    session.tools[0].input_schema_json = '{"type": "object", "properties": {"city": {"type": 7}}}'
+    session.tools[1].server_id = "nowhere"
+    session.tools.add(name="weather", input_schema_json=WEATHER_SCHEMA, server_id="local")
+    session.tool_servers.add(server_id="vault", url="ftp://x", credential_ref="missing")
+    request.snapshot.members[0].tool_names.append("teleport")
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        async for _ in stub.StartRun(request):
+            pass
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(bad.value)
+    assert status is not None
+    fields = set()
+    for detail in status.details:
+        info = error_details_pb2.BadRequest()
+        if detail.Unpack(info):
+            fields |= {v.field for v in info.field_violations}
+    assert fields == {
+        "snapshot.session.tools[0].input_schema_json",
+        "snapshot.session.tools[1].server_id",
+        "snapshot.session.tools[2].name",
+        "snapshot.session.tool_servers[1].url",
+        "snapshot.session.tool_servers[1].credential_ref",
+        "snapshot.members[0].tool_names[2]",
+    }
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await stub.GetRun(pb.GetRunRequest(run_id="v1", tenant="tenant-1"))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_bad_decisions_are_invalid_argument(stub: pb_grpc.OrchestratorServiceStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await stub.ResolvePermission(
+            pb.ResolvePermissionRequest(
+                run_id="r", tenant="tenant-1", edited_arguments_json="[1]", decision=DENY
+            )
+        )
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(bad.value)
+    assert status is not None
+    fields = set()
+    for detail in status.details:
+        info = error_details_pb2.BadRequest()
+        if detail.Unpack(info):
+            fields |= {v.field for v in info.field_violations}
+    assert fields == {"permission_request_id", "edited_arguments_json"}
