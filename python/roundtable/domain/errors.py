@@ -67,6 +67,18 @@ class RunNotFound(RoundtableError):
     message = "run not found"
 
 
+class PermissionNotFound(RoundtableError):
+    """No such permission request in this tenant's run (another tenant's looks the same)."""
+
+    message = "permission request not found"
+
+
+class PermissionDecided(RoundtableError):
+    """A different decision is already recorded for the permission request."""
+
+    message = "permission request already decided"
+
+
 class ThreadBusy(RoundtableError):
     """The thread has a live run and the busy-thread policy is REJECT."""
 
@@ -211,3 +223,44 @@ class InvalidModelOutput(ModelError):
 
     message = "model output failed validation"
     code = "INVALID_OUTPUT"
+
+
+class ToolError(RoundtableError):
+    """A tool call failed before the tool could answer (the tool's own error is a result,
+    `ToolResult.is_error`, not this). `code` is what the audit record says."""
+
+    message = "tool call failed"
+    code: ClassVar[str] = "TOOL_ERROR"
+    attempts: int = 1
+    """Attempts this error ended (the retry layer sets it when it gives up)."""
+
+
+class ToolTimeout(ToolError):
+    """The tool did not answer within its timeout."""
+
+    message = "tool call timed out"
+    code = "TOOL_TIMEOUT"
+    retryable = True
+
+
+class ToolUnavailable(ToolError):
+    """The tool server could not be reached, failed (5xx), or dropped the session."""
+
+    message = "tool server unavailable"
+    code = "TOOL_UNAVAILABLE"
+    retryable = True
+
+
+class ToolRejected(ToolError):
+    """The tool server refused the call (unknown tool, bad arguments, 4xx, no auth)."""
+
+    message = "tool server rejected the call"
+    code = "TOOL_REJECTED"
+
+
+class ToolCircuitOpen(ToolError):
+    """The tool server's circuit breaker is open."""
+
+    message = "tool server circuit breaker open"
+    code = "TOOL_CIRCUIT_OPEN"
+    retryable = True

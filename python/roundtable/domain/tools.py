@@ -1,0 +1,195 @@
+"""Tools a member may call, and what a call came to: frozen types shared by every layer.
+
+The snapshot declares tool servers and tools (the gateway is the source of truth, nothing
+is listed from a server); the member pipeline asks the model, the harness calls the tool
+over MCP, the store records each call so it runs at most once per idempotency key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+IDEMPOTENCY_META_KEY = "dev.roundtable/idempotency-key"
+"""The key of the MCP request `_meta` entry that carries a call's idempotency key
+(`<reply_id>/<n>`): a tool server that deduplicates on it runs a write once."""
+
+
+class ApprovalPolicy(StrEnum):
+    """Whether a person must approve a tool's calls before they run."""
+
+    NEVER = "never"
+    ALWAYS = "always"
+
+
+class ToolOutcome(StrEnum):
+    """How one tool call ended (what `assistant_final` lists)."""
+
+    OK = "ok"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+
+class Decision(StrEnum):
+    """A person's answer to a permission request (or what stood for one)."""
+
+    APPROVE = "approve"
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolServer:
+    """An MCP server reached over streamable HTTP."""
+
+    server_id: str
+    url: str
+    credential_ref: str = ""
+    """Names a bearer token in the run's credentials; empty: no Authorization header."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tool:
+    """A tool as the gateway declares it."""
+
+    name: str
+    description: str
+    input_schema_json: str
+    """The JSON Schema of the tool's arguments (an object schema), as sent."""
+    server_id: str
+    approval: ApprovalPolicy = ApprovalPolicy.NEVER
+    read_only: bool = False
+    """Safe to run more than once: a failed attempt is retried and no call is recorded
+    before it runs."""
+    timeout_s: float | None = None
+    """Per-attempt timeout; None: the server's default tool timeout."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult:
+    """What a tool answered, as the model will see it."""
+
+    text: str
+    """The text content blocks of the result, joined."""
+    is_error: bool = False
+    """The tool ran and reported an error (MCP `isError`): the outcome is `failed`, and
+    the model sees the text."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallRef:
+    """One call as the harness sends it: which tool, where, with which key."""
+
+    tool: Tool
+    server: ToolServer
+    arguments: dict[str, object] = field(hash=False)
+    key: str
+    """The idempotency key, `<reply_id>/<n>`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallSummary:
+    """A tool call a reply used, as `assistant_final` lists it: never arguments or results."""
+
+    call_id: str
+    tool_name: str
+    outcome: ToolOutcome
+
+
+class CallStatus(StrEnum):
+    """Where a recorded tool call is: asked for, sent to its server, or answered."""
+
+    REQUESTED = "requested"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+class Verdict(StrEnum):
+    """What stands for a person's decision on a call that needs one."""
+
+    PENDING = ""
+    APPROVE = "approve"
+    DENY = "deny"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolCallRecord:
+    """One tool call of a reply as the store keeps it: what the model asked, what was
+    decided, what the tool answered. Arguments and results are gateway content (like a
+    reply): they live here and in events, never in logs or spans."""
+
+    tenant: str
+    run_id: str
+    call_key: str
+    """`<reply_id>/<n>`: the idempotency key and the permission request id."""
+    reply_id: str
+    n: int
+    """The call's number in its reply, from 1."""
+    turn: int
+    """The model turn (from 1) that asked for it: a replayed turn is not asked again."""
+    tool: str
+    model_call_id: str
+    arguments_json: str
+    needs_approval: bool = False
+    status: CallStatus = CallStatus.REQUESTED
+    verdict: Verdict = Verdict.PENDING
+    reason: str = ""
+    """Why it was denied (the person's words, or `expired` / `cancelled`)."""
+    edited_arguments_json: str = ""
+    expires_at: float = 0.0
+    decided_at: float = 0.0
+    result_text: str = ""
+    outcome: str = ""
+    """A `ToolOutcome` value once finished."""
+    attempts: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def arguments_to_run(self) -> str:
+        """The arguments the call runs with: a person's edit, else the model's."""
+        return self.edited_arguments_json or self.arguments_json
+
+
+class ToolCallStore(Protocol):
+    """The tool calls of runs (`roundtable.store.tool_calls`). Every call commits."""
+
+    async def record_tool_calls(self, records: Sequence[ToolCallRecord]) -> None:
+        """Records the calls a model turn asked for (a call already recorded stays as it is)."""
+        ...
+
+    async def tool_calls(self, tenant: str, run_id: str) -> list[ToolCallRecord]:
+        """The run's calls, by reply and number."""
+        ...
+
+    async def tool_call(self, tenant: str, run_id: str, call_key: str) -> ToolCallRecord | None:
+        """One call, or None when the run has no such call."""
+        ...
+
+    async def decide_tool_call(
+        self,
+        tenant: str,
+        run_id: str,
+        call_key: str,
+        verdict: Verdict,
+        *,
+        reason: str = "",
+        edited_arguments_json: str = "",
+    ) -> bool:
+        """Records the decision on a call that waits for one; False when one is recorded
+        already (or the call needs none): the first decision wins."""
+        ...
+
+    async def start_tool_call(self, tenant: str, run_id: str, call_key: str) -> None:
+        """Marks the call sent (one more attempt), before it is sent."""
+        ...
+
+    async def finish_tool_call(
+        self, tenant: str, run_id: str, call_key: str, *, result_text: str, outcome: str
+    ) -> None:
+        """Records what the call came to, before the model sees it."""
+        ...
