@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     # instead of a parent finding some other server there.
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Inherited by the accepted connections. Without it a JSON answer (headers, then body,
+    # two writes) waits for the client's delayed ACK: ≈44 ms a call instead of ≈1.5 ms.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", args.port))
     config = uvicorn.Config(
         build_app(args.token),
