@@ -1,7 +1,7 @@
-"""Audit records: one JSON line per model attempt, whitelisted fields only.
+"""Audit records: one JSON line per model or tool attempt, whitelisted fields only.
 
-Never prompts, replies, personas, memories or keys: the record type has no field that
-could hold them, so nothing can leak by accident.
+Never prompts, replies, personas, memories, keys, tool arguments or tool results: the
+record types have no field that could hold them, so nothing can leak by accident.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, fields
 
 from roundtable.domain.events import TokenUsage
-from roundtable.harness.request import ModelRequest
+from roundtable.harness.request import ModelRequest, ToolRequest
 
 AUDIT_LOGGER = "roundtable.audit"
 
@@ -77,7 +77,66 @@ class AuditRecord:
         )
 
 
-_FIELDS = tuple(f.name for f in fields(AuditRecord))
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolAuditRecord:
+    """What one tool attempt did: which tool on which server, how it ended, how long.
+
+    No field holds free text: neither the arguments, nor the result, nor an error's
+    message (a tool server's words may echo the arguments); `error_code` says why.
+    """
+
+    operation: str = "execute_tool"
+    """Tells a tool attempt's line from a model attempt's (the GenAI operation name)."""
+    thread_id: str
+    run_id: str
+    request_id: str
+    tenant: str
+    caller_node: str
+    tool: str
+    server_id: str
+    call_key: str
+    """The call's idempotency key, `<reply_id>/<n>` (the span's gen_ai.tool.call.id)."""
+    attempt: int
+    status: str
+    """success, error, timeout, breaker_open or cancelled (the run stopped mid-attempt)."""
+    latency_ms: float
+    is_error: bool = False
+    """On a success: the tool ran and reported an error (MCP `isError`)."""
+    error_code: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        request: ToolRequest,
+        status: str,
+        started: float,
+        *,
+        is_error: bool = False,
+        error_code: str = "",
+    ) -> ToolAuditRecord:
+        """Builds the record of an attempt that started at `started` (perf_counter)."""
+        meta = request.meta
+        ref = request.ref
+        return cls(
+            thread_id=meta.thread_id,
+            run_id=meta.run_id,
+            request_id=meta.request_id,
+            tenant=meta.tenant,
+            caller_node=meta.caller_node,
+            tool=ref.tool.name,
+            server_id=ref.server.server_id,
+            call_key=ref.key,
+            attempt=request.attempt,
+            status=status,
+            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            is_error=is_error,
+            error_code=error_code,
+        )
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {
+    kind: tuple(f.name for f in fields(kind)) for kind in (AuditRecord, ToolAuditRecord)
+}
 
 
 class Auditor:
@@ -86,9 +145,9 @@ class Auditor:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger(AUDIT_LOGGER)
 
-    def record(self, record: AuditRecord) -> None:
+    def record(self, record: AuditRecord | ToolAuditRecord) -> None:
         """Writes one record (cheaply skipped when the logger is off)."""
         if self.logger.isEnabledFor(logging.INFO):
             # A flat dict by hand: dataclasses.asdict deep-copies and costs several times more.
-            fields = {name: getattr(record, name) for name in _FIELDS}
+            fields = {name: getattr(record, name) for name in _FIELDS[type(record)]}
             self.logger.info(json.dumps(fields, separators=(",", ":")))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from roundtable.domain.errors import CircuitOpen, ModelError, ModelRateLimited, ModelTimeout
 from roundtable.harness.audit import Auditor, AuditRecord
 from roundtable.harness.breaker import BreakerBoard
-from roundtable.harness.policies import RetryPolicy, TimeoutPolicy, is_transient
+from roundtable.harness.policies import RetryPolicy, TimeoutPolicy, backoff_s, is_transient
 from roundtable.harness.request import Handler, ModelRequest
 from roundtable.models.base import ChatResult, TextSink
 
@@ -80,9 +80,7 @@ class RetryLayer:
 
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (from 1)."""
-        base = min(self.policy.initial_backoff_s * 2.0 ** (retry - 1), self.policy.max_backoff_s)
-        spread: float = self.policy.jitter * (2 * self._rng.random() - 1)
-        return max(0.0, base * (1 + spread))
+        return backoff_s(self.policy, retry, self._rng)
 
     def wait_before_retry(self, error: ModelError, retry: int) -> float | None:
         """Seconds to wait before retry number `retry` after `error`; None: no retry.

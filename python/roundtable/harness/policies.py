@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
-from roundtable.domain.errors import ModelError, ModelRateLimited
+from roundtable.domain.errors import ModelError, ModelRateLimited, ToolError
 from roundtable.domain.flags import flag
 
 
@@ -67,6 +68,13 @@ class BreakerPolicy:
     """Seconds an open breaker waits before letting one probe through (half-open)."""
 
 
+def backoff_s(policy: RetryPolicy, retry: int, rng: random.Random) -> float:
+    """Seconds to wait before retry number `retry` (from 1): exponential, capped, jittered."""
+    base = min(policy.initial_backoff_s * 2.0 ** (retry - 1), policy.max_backoff_s)
+    spread: float = policy.jitter * (2 * rng.random() - 1)
+    return max(0.0, base * (1 + spread))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HarnessPolicy:
     """All harness policies together."""
@@ -76,12 +84,35 @@ class HarnessPolicy:
     breaker: BreakerPolicy = BreakerPolicy()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolTimeoutPolicy:
+    """Per-attempt tool timeout."""
+
+    default_s: float = 30.0
+    """Seconds an attempt may take when the tool sets no timeout of its own."""
+
+    def seconds_for(self, tool_timeout_s: float | None) -> float:
+        """The bound of one attempt: the tool's own timeout, else the default."""
+        return tool_timeout_s or self.default_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolPolicy:
+    """The tool harness's policies. Retries apply to read-only tools only; the breaker is
+    per tool server (`mcp:<server_id>`)."""
+
+    timeout: ToolTimeoutPolicy = ToolTimeoutPolicy()
+    retry: RetryPolicy = RetryPolicy()
+    breaker: BreakerPolicy = BreakerPolicy()
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether an error may go away by itself: timeouts, 429, 5xx, connection errors.
 
     A 4xx or an answer that failed validation is not transient: retrying cannot help.
+    Model and tool calls alike (a tool server that is down or slow is transient).
     """
-    return isinstance(error, ModelError) and error.retryable
+    return isinstance(error, ModelError | ToolError) and error.retryable
 
 
 def is_system_failure(error: BaseException) -> bool:

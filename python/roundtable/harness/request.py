@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from roundtable.domain.snapshot import ModelRef, ModelTarget
+from roundtable.domain.tools import ToolCallRef, ToolResult
 from roundtable.models.base import ChatCall, ChatResult, TextSink
 
 
@@ -78,3 +79,33 @@ class ModelRequest:
 
 Handler = Callable[[ModelRequest], Awaitable[ChatResult]]
 """Anything that takes a request to a result: a layer, or the provider call at the end."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolRequest:
+    """One tool call on its way through the tool chain; the retry layer fills in `attempt`.
+
+    Its repr names the tool, server, key and attempt, never the arguments (the model wrote
+    them from the conversation) or the token.
+    """
+
+    ref: ToolCallRef
+    meta: CallMeta
+    token: str | None = field(default=None, repr=False)
+    """The tool server's bearer token, resolved from the run's credentials."""
+    attempt: int = 1
+
+    def __repr__(self) -> str:
+        ref = self.ref
+        return (
+            f"ToolRequest(tool={ref.tool.name!r}, server_id={ref.server.server_id!r}, "
+            f"key={ref.key!r}, attempt={self.attempt}, meta={self.meta!r})"
+        )
+
+    def with_attempt(self, attempt: int) -> ToolRequest:
+        """This request as attempt `attempt` (spelled out, as `ModelRequest.with_attempt`)."""
+        return ToolRequest(ref=self.ref, meta=self.meta, token=self.token, attempt=attempt)
+
+
+ToolHandler = Callable[[ToolRequest], Awaitable[ToolResult]]
+"""A tool-chain layer, or the call to the tool server at the end."""

@@ -38,6 +38,8 @@ QUIET = (
     "langgraph",
     "aiosqlite",
     "psycopg",
+    # The MCP client logs every message it sends at DEBUG, a tool call's arguments with it,
+    # and session ids at INFO (tool calls go over httpx2, above).
     "mcp",
 )
 """Client libraries log URLs, headers and request bodies (prompts, keys) at INFO or DEBUG:
