@@ -31,7 +31,9 @@ from roundtable.api.servicer import OrchestratorServicer, add_to_server
 from roundtable.api.tls import check_listen_address, server_credentials
 from roundtable.domain.errors import InvalidSettings
 from roundtable.graph.builder import build_conversation_graph
+from roundtable.graph.context import ToolCaller, ToolRuntime
 from roundtable.harness.chain import Harness
+from roundtable.harness.tool_chain import ToolHarness
 from roundtable.models.base import ChatProvider
 from roundtable.models.offline import OfflineProvider
 from roundtable.models.openai_compat import build_openai_provider
@@ -47,6 +49,7 @@ from roundtable.store.checkpoints import BoundarySaver
 from roundtable.store.factory import open_store
 from roundtable.telemetry.metrics import Metrics
 from roundtable.telemetry.setup import Telemetry, telemetry_from_env
+from roundtable.tools.mcp_pool import McpPool
 from roundtable.v1 import orchestrator_service_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -118,6 +121,7 @@ def build_run_manager(
     harness: Harness,
     tracer: trace.Tracer | None,
     metrics: Metrics,
+    tools: ToolCaller | None = None,
 ) -> RunManager:
     """The runs layer: the live registry, the execution of runs over the conversation
     graph, following other replicas' runs, and the coordination strategy."""
@@ -136,6 +140,7 @@ def build_run_manager(
         durability=settings.checkpoint_durability,
         tracer=tracer,
         metrics=metrics,
+        tools=ToolRuntime(caller=tools, store=store) if tools is not None else None,
     )
     return RunManager(
         log=log,
@@ -263,12 +268,21 @@ async def running_server(
         tracer=telemetry.active_tracer("roundtable.harness"),
         metrics=metrics,
     )
+    # Tool servers are reached through one pool of MCP sessions; the SDK itself loads on
+    # the first tool call, so a server whose members call no tools never pays for it.
+    pool = McpPool()
+    tools = ToolHarness(
+        pool,
+        breakers=harness.breakers,
+        tracer=telemetry.active_tracer("roundtable.tools"),
+    )
     manager = build_run_manager(
         settings,
         store,
         harness=harness,
         tracer=telemetry.active_tracer("roundtable.graph"),
         metrics=metrics,
+        tools=tools,
     )
     interrupted = await store.mark_interrupted()
     if interrupted:
@@ -299,6 +313,7 @@ async def running_server(
         await health.enter_graceful_shutdown()
         await manager.drain(settings.grace_seconds)
         await server.stop(grace=1.0)
+        await pool.aclose()
         await store.close()
         telemetry.shutdown()
 

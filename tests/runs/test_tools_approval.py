@@ -92,9 +92,9 @@ class Reader:
             self.events.append(response.event)
             self._arrived.set()
 
-    async def until(self, kind: str, timeout: float = 20.0) -> epb.RunEvent:
+    async def until(self, kind: str, wait_s: float = 20.0) -> epb.RunEvent:
         """The first event of `kind`, once it arrived."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(wait_s):
             while True:
                 found = of_kind(self.events, kind)
                 if found:
@@ -105,10 +105,26 @@ class Reader:
                 self._arrived.clear()
                 await self._arrived.wait()
 
-    async def end(self, timeout: float = 20.0) -> list[epb.RunEvent]:
-        async with asyncio.timeout(timeout):
-            await self.task
+    async def end(self, wait_s: float = 20.0) -> list[epb.RunEvent]:
+        try:
+            async with asyncio.timeout(wait_s):
+                await self.task
+        except TimeoutError:
+            raise AssertionError(f"the stream did not end: {kinds(self.events)}") from None
         return self.events
+
+
+async def waiting_run(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> pb.Run:
+    """The run once it waits (it parks a moment after permission_required is sent; until
+    then it is running, with the request already listed)."""
+    async with asyncio.timeout(10):
+        while True:
+            run = (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
+            assert run.pending_permissions
+            if run.status == pb.RUN_STATUS_AWAITING_APPROVAL:
+                return run
+            assert run.status == pb.RUN_STATUS_RUNNING
+            await asyncio.sleep(0.01)
 
 
 def reason_of(error: grpc.aio.AioRpcError) -> str:
@@ -136,7 +152,9 @@ def resolve(
 async def test_a_read_only_tool_runs_without_approval_and_the_reply_quotes_it(
     stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
 ) -> None:
-    events = [r.event async for r in stub.StartRun(tool_request("use weather for Paris", mcp, "w1"))]
+    events = [
+        r.event async for r in stub.StartRun(tool_request("use weather for Paris", mcp, "w1"))
+    ]
     assert kinds(events)[-1] == "run_completed"
     (final,) = finals(events)
     assert "Sunny, 21°C in Paris" in final.content
@@ -159,8 +177,7 @@ async def test_an_approved_call_waits_for_the_decision_then_runs_once(
     assert asked.expires_at.seconds > 0
     # Nothing ran, and the run says it waits, listing the request.
     assert mcp.counts("note") == {}
-    run = (await stub.GetRun(pb.GetRunRequest(run_id="a1", tenant="tenant-1"))).run
-    assert run.status == pb.RUN_STATUS_AWAITING_APPROVAL
+    run = await waiting_run(stub, "a1")
     assert [p.permission_request_id for p in run.pending_permissions] == [
         asked.permission_request_id
     ]
@@ -226,7 +243,7 @@ async def test_a_request_nobody_answers_expires_and_counts_as_denied(
     request = tool_request("use note for buy milk", mcp, "x1", approval_timeout_s=1)
     reader = Reader(stub.StartRun(request))
     asked = (await reader.until("permission_required")).permission_required
-    events = await reader.end(timeout=15)
+    events = await reader.end(wait_s=15)
     (final,) = finals(events)
     assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_EXPIRED]
     assert kinds(events)[-1] == "run_completed"

@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     # two writes) waits for the client's delayed ACK: ≈44 ms a call instead of ≈1.5 ms.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", args.port))
+    # Listening before saying so: a connection made the moment the parent reads the line
+    # waits in the backlog until uvicorn has started, instead of being refused.
+    sock.listen(128)
     config = uvicorn.Config(
         build_app(args.token),
         log_level="warning",

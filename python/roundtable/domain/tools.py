@@ -84,7 +84,8 @@ class ToolCallRef:
 
     tool: Tool
     server: ToolServer
-    arguments: dict[str, object] = field(hash=False)
+    arguments: dict[str, object] = field(hash=False, repr=False)
+    """Gateway content (the model wrote them from the conversation): never in a repr."""
     key: str
     """The idempotency key, `<reply_id>/<n>`."""
 

@@ -20,10 +20,10 @@ from opentelemetry import trace
 from roundtable.domain.events import Event, TokenUsage
 from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.domain.snapshot import RunRequest
-from roundtable.domain.tools import ToolCallRef, ToolCallStore, ToolResult
+from roundtable.domain.tools import ToolCallStore, ToolResult
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
-from roundtable.harness.request import CallMeta
+from roundtable.harness.request import ToolRequest
 from roundtable.telemetry.metrics import Metrics, no_metrics
 
 
@@ -94,9 +94,10 @@ class Parked(Exception):
 
 
 class ToolCaller(Protocol):
-    """Runs one tool call through the tool harness (timeout, retry, breaker, audit, span)."""
+    """Runs one tool call through the tool harness (`harness.tool_chain.ToolHarness`:
+    breaker, retry, audit, span, timeout)."""
 
-    async def call(self, ref: ToolCallRef, *, meta: CallMeta, token: str | None) -> ToolResult:
+    async def call(self, request: ToolRequest) -> ToolResult:
         """Calls the tool once it is allowed to run.
 
         Raises:

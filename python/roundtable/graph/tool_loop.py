@@ -36,7 +36,7 @@ from roundtable.domain.tools import (
     Verdict,
 )
 from roundtable.graph.context import GraphContext, Parked, ToolRuntime
-from roundtable.harness.request import CallMeta
+from roundtable.harness.request import CallMeta, ToolRequest
 from roundtable.models.base import ChatMessage, ChatResult, ModelToolCall, ToolSpec
 
 BUDGET_SPENT = (
@@ -216,7 +216,9 @@ class ToolLoop:
         token = self.ctx.credentials.get(server.credential_ref) if server.credential_ref else None
         ref = ToolCallRef(tool=tool, server=server, arguments=arguments, key=record.call_key)
         try:
-            result = await self.runtime.caller.call(ref, meta=self.meta, token=token)
+            result = await self.runtime.caller.call(
+                ToolRequest(ref=ref, meta=self.meta, token=token)
+            )
         except ToolError as exc:
             return await self._finish(
                 record, f"The tool could not be run ({exc.code}).", ToolOutcome.FAILED

@@ -30,6 +30,7 @@ from roundtable.domain.events import (
 )
 from roundtable.domain.plan import DirectiveKind, Route
 from roundtable.domain.snapshot import SessionKind
+from roundtable.domain.tools import Verdict
 from roundtable.graph.context import (
     Continuation,
     Drained,
@@ -185,6 +186,7 @@ class Executor:
         keeper = self.coordination.attend(live, sink)
         status = RunStatus.FAILED
         wake_at = 0.0
+        waiting: tuple[str, ...] = ()
         try:
             state = await self._through_graph(live, launch, sink)
             if state is None:
@@ -196,6 +198,7 @@ class Executor:
             # is recorded); the checkpoint is written and nothing of the graph stays.
             status = RunStatus.AWAITING_APPROVAL
             wake_at = parked.expires_at
+            waiting = parked.call_keys
         except Drained as stop:
             await sink.emit(_cancelled(stop.reason, live.progress))
             # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
@@ -238,6 +241,10 @@ class Executor:
                 keeper.cancel()
             sink.flush()
             await self._finish(live, status, launch, wake_at)
+            if waiting and await self._decided_meanwhile(live, waiting):
+                # A decision or a cancel came between permission_required and the park
+                # (it found the run still executing): it goes on now.
+                self.registry.wake(live)
 
     async def _through_graph(
         self, live: LiveRun, launch: Launch, sink: RunSink
@@ -343,6 +350,22 @@ class Executor:
             live.in_graph = False
             live.take_back_interrupts()
         return state
+
+    async def _decided_meanwhile(self, live: LiveRun, call_keys: tuple[str, ...]) -> bool:
+        """Whether any of the calls the run parked on has a decision recorded already; a stop
+        asked for meanwhile is recorded as one (`cancelled`) for each."""
+        store, (tenant, run_id) = self.log.store, live.key
+        if live.stop.requested:
+            for key in call_keys:
+                await store.decide_tool_call(
+                    tenant, run_id, key, Verdict.CANCELLED, reason="cancelled"
+                )
+            return True
+        for key in call_keys:
+            call = await store.tool_call(tenant, run_id, key)
+            if call is not None and call.verdict is not Verdict.PENDING:
+                return True
+        return False
 
     async def _finish(
         self, live: LiveRun, status: RunStatus, launch: Launch, wake_at: float = 0.0

@@ -75,6 +75,11 @@ class LiveRegistry:
             delay = max(0.0, wake_at - time.time())
             self._timers[live.key] = loop.call_later(delay, self.on_wake, live)
 
+    def wake(self, live: LiveRun) -> None:
+        """Resumes a parked run now (through `on_wake`), as its expiry would."""
+        if self.on_wake is not None and live.key in self._parked:
+            self.on_wake(live)
+
     def parked(self, tenant: str, run_id: str) -> Launch | None:
         """How a parked run was launched, when this process holds it parked."""
         return self._parked.get((tenant, run_id))

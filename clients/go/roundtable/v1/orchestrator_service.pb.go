@@ -1130,7 +1130,10 @@ type Run struct {
 	// For a RUN_STATUS_CONTINUED run: the run whose continue turn took over its
 	// remaining steps. Empty otherwise.
 	ContinuedByRunId string `protobuf:"bytes,10,opt,name=continued_by_run_id,json=continuedByRunId,proto3" json:"continued_by_run_id,omitempty"`
-	// The permission requests waiting for a decision (RUN_STATUS_AWAITING_APPROVAL).
+	// The permission requests waiting for a decision. Listed from the moment
+	// their permission_required is sent; the run is RUN_STATUS_RUNNING until
+	// nothing else of it runs (the other speakers of a parallel group finish
+	// first), then RUN_STATUS_AWAITING_APPROVAL.
 	PendingPermissions []*PermissionRequired `protobuf:"bytes,11,rep,name=pending_permissions,json=pendingPermissions,proto3" json:"pending_permissions,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache

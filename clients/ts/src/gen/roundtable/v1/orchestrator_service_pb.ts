@@ -503,7 +503,10 @@ export type Run = Message<"roundtable.v1.Run"> & {
   continuedByRunId: string;
 
   /**
-   * The permission requests waiting for a decision (RUN_STATUS_AWAITING_APPROVAL).
+   * The permission requests waiting for a decision. Listed from the moment
+   * their permission_required is sent; the run is RUN_STATUS_RUNNING until
+   * nothing else of it runs (the other speakers of a parallel group finish
+   * first), then RUN_STATUS_AWAITING_APPROVAL.
    *
    * @generated from field: repeated roundtable.v1.PermissionRequired pending_permissions = 11;
    */
