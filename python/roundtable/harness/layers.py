@@ -219,4 +219,5 @@ def _with_attempts(result: ChatResult, attempts: int) -> ChatResult:
         finish_reason=result.finish_reason,
         model=result.model,
         attempts=attempts,
+        tool_calls=result.tool_calls,
     )

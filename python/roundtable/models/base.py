@@ -19,11 +19,38 @@ from roundtable.domain.snapshot import ModelTarget
 
 
 @dataclass(frozen=True, slots=True)
-class ChatMessage:
-    """One prompt message."""
+class ModelToolCall:
+    """A tool call as a model asked for it."""
 
-    role: Literal["system", "user", "assistant"]
+    call_id: str
+    """The model's id of the call (the idempotency key when the model gave none)."""
+    name: str
+    arguments_json: str
+    """The arguments exactly as the model gave them (JSON text, perhaps not valid)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as a model is told of it (an OpenAI function definition)."""
+
+    name: str
+    description: str
+    parameters_json: str
+    """The JSON Schema of its arguments."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One prompt message.
+
+    An assistant message may carry the tool calls the model asked for; a `tool` message
+    answers one of them (`tool_call_id`) with the tool's result as its content.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ModelToolCall, ...] = ()
+    tool_call_id: str = ""
 
 
 CHARS_PER_TOKEN_BOUND = 64
@@ -58,6 +85,8 @@ class ChatCall:
     temperature: float | None = None
     schema: type[BaseModel] | None = None
     """When set, the answer is structured output validated against this pydantic model."""
+    tools: tuple[ToolSpec, ...] = ()
+    """Tools the model may call instead of answering (never together with `schema`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +101,8 @@ class ChatResult:
     """`provider/model` of the target that answered (after failover)."""
     attempts: int = 1
     """Model attempts the harness made for it, retries and failovers included."""
+    tool_calls: tuple[ModelToolCall, ...] = ()
+    """Tool calls the model asked for (then `text` is what it said beside them, if anything)."""
 
 
 class ChatProvider(Protocol):
