@@ -113,10 +113,14 @@ start() {
     port=$(free_port)
   fi
   # -c/--parallel: two slots of 4096 tokens, so a supervisor call and a speaker can overlap;
-  # --threads: the machine's cores, shared with the sidecar and the tests.
+  # --threads: the machine's cores, shared with the sidecar and the tests;
+  # --chat-template-file: SmolLM2's own template with tools added (the server drops tools from
+  # the prompt for a template without them); a prompt without tools renders exactly as before.
+  # Jinja templates are on by default in this llama-server (it streams tool calls).
   setsid "$(server_binary)" --model "$(model_file)" --alias "$alias" \
     --host 127.0.0.1 --port "$port" --ctx-size 8192 --parallel 2 \
     --threads "${ROUNDTABLE_LLM_THREADS:-$(nproc)}" --no-webui \
+    --chat-template-file "$root/scripts/smollm2-tools.jinja" \
     >"$state/server.log" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"$state/pid"

@@ -1,7 +1,8 @@
 """A real, scriptable OpenAI-compatible HTTP server for tests.
 
-It speaks just enough of `POST /v1/chat/completions` for ChatOpenAI: plain and SSE
-streaming answers, usage, and tool calls (what `with_structured_output` asks for).
+It speaks just enough of `POST /v1/chat/completions` for ChatOpenAI and the openai SDK:
+plain and SSE streaming answers, usage, and tool calls (what `with_structured_output` asks
+for, and a member's tools), streamed in the dialects real servers use (`ToolCalls`).
 
     async with OpenAITestServer() as server:
         server.script(Reply(chunks=["Hel", "lo"]), Fail(status=500))
@@ -9,13 +10,18 @@ streaming answers, usage, and tool calls (what `with_structured_output` asks for
         assert server.requests[0].authorization == "Bearer sk-test"
 
 Each request takes the next scripted step; once the script is empty the server echoes the
-last user message (`echo: <text>`). A step is `Reply`, `ToolCall`, `Fail` or `Delay`.
+last user message (`echo: <text>`). A step is `Reply`, `ToolCall`, `ToolCalls`, `Fail` or
+`Delay`.
 
 `OpenAITestServer(refuse_schema=500)` answers every request that sends a JSON schema (a
 `response_format` json_schema, or tools the model must call) with that HTTP error, as
 llama.cpp servers refuse schemas (llama-cpp-python's server answers a json_schema
 response format with 500, and fails to parse the grammar of a long-bounded tool schema),
 without using a scripted step; JSON mode (`json_object`) and plain requests are served.
+
+`OpenAITestServer(refuse_stream_tools=500)` answers every streamed request with tools with
+that HTTP error, as llama.cpp servers before streamed tool calls did ("Cannot use tools with
+stream"), without using a scripted step; the same request unstreamed is served.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -68,6 +74,96 @@ class ToolCall:
     usage: tuple[int, int] | None = None
 
 
+Dialect = Literal["openai", "llamacpp-old", "whole", "index0"]
+"""How a server streams tool calls:
+
+- `openai`: a call's first delta has `id`, `type` and `function.name` with arguments "",
+  then argument fragments follow (`index` and `function.arguments` only);
+- `llamacpp-old`: llama.cpp before ggml-org/llama.cpp#13800: the id inside `function`, the
+  whole name repeated in every delta, no `type`;
+- `whole`: each call whole in one delta (Ollama);
+- `index0`: each call whole in one delta, all at `index` 0, told apart by their ids
+  (ollama/ollama#15457).
+"""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a `ToolCalls` answer; `call_id` "" sends none (some templates give none)."""
+
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    call_id: str = ""
+
+    def arguments_json(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """An answer of tool calls (after `text`, when the model says something first),
+    streamed in `dialect`, arguments in fragments of `fragment` characters."""
+
+    calls: tuple[Call, ...]
+    dialect: Dialect = "openai"
+    text: str = ""
+    finish_reason: str = "tool_calls"
+    usage: tuple[int, int] | None = None
+    fragment: int = 8
+    cut_after: int | None = None
+    """Streamed: after this many chunks the response just ends (see `Reply.cut_after`)."""
+
+    def deltas(self) -> list[dict[str, Any]]:
+        """The streamed deltas: the text's words, then the calls in the dialect."""
+        out: list[dict[str, Any]] = [
+            {"content": piece} for piece in re.findall(r"\S+\s*", self.text)
+        ]
+        for index, call in enumerate(self.calls):
+            args = call.arguments_json()
+            pieces = [args[i : i + self.fragment] for i in range(0, len(args), self.fragment)]
+            ident = {"id": call.call_id} if call.call_id else {}
+            whole = {**ident, "type": "function"}
+            if self.dialect == "openai":
+                function = {"name": call.name, "arguments": ""}
+                out.append({"tool_calls": [{"index": index, **whole, "function": function}]})
+                out += [
+                    {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                    for piece in pieces
+                ]
+            elif self.dialect == "llamacpp-old":
+                out += [
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "function": {**ident, "name": call.name, "arguments": piece},
+                            }
+                        ]
+                    }
+                    for piece in pieces or [""]
+                ]
+            else:
+                at = 0 if self.dialect == "index0" else index
+                function = {"name": call.name, "arguments": args}
+                out.append({"tool_calls": [{"index": at, **whole, "function": function}]})
+        return out
+
+    def message(self) -> dict[str, Any]:
+        """The whole assistant message, as a server answers without streaming."""
+        return {
+            "role": "assistant",
+            "content": self.text or None,
+            "tool_calls": [
+                {
+                    **({"id": call.call_id} if call.call_id else {}),
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_json()},
+                }
+                for call in self.calls
+            ],
+        }
+
+
 @dataclass(frozen=True)
 class Fail:
     """An HTTP error with an OpenAI-style error body carrying `message`."""
@@ -82,10 +178,10 @@ class Delay:
     """Waits `seconds` before sending any byte, then answers with `then` (default reply)."""
 
     seconds: float
-    then: Reply | ToolCall | Fail | None = None
+    then: Reply | ToolCall | ToolCalls | Fail | None = None
 
 
-Step = Reply | ToolCall | Fail | Delay
+Step = Reply | ToolCall | ToolCalls | Fail | Delay
 
 
 @dataclass
@@ -109,10 +205,18 @@ class RecordedRequest:
 class OpenAITestServer:
     """Serves `/v1/chat/completions` on 127.0.0.1 (a free port) inside `async with`."""
 
-    def __init__(self, *, token_delay_s: float = 0.0, refuse_schema: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        token_delay_s: float = 0.0,
+        refuse_schema: int | None = None,
+        refuse_stream_tools: int | None = None,
+    ) -> None:
         self.token_delay_s = token_delay_s
         self.refuse_schema = refuse_schema
         """HTTP status answered to a request carrying a JSON schema; None serves it."""
+        self.refuse_stream_tools = refuse_stream_tools
+        """HTTP status answered to a streamed request with tools; None serves it."""
         self.requests: list[RecordedRequest] = []
         self.disconnected = asyncio.Event()
         """Set when any client drops a request mid-answer."""
@@ -148,6 +252,13 @@ class OpenAITestServer:
             # The OpenAI error shape; the words llama.cpp logs for a grammar it cannot parse.
             error = {"code": self.refuse_schema, "message": GRAMMAR_REFUSAL, "type": "server_error"}
             return web.json_response({"error": error}, status=self.refuse_schema)
+        if self.refuse_stream_tools is not None and body.get("stream") and body.get("tools"):
+            error = {
+                "code": self.refuse_stream_tools,
+                "message": STREAM_TOOLS_REFUSAL,
+                "type": "server_error",
+            }
+            return web.json_response({"error": error}, status=self.refuse_stream_tools)
         step: Step | None = self._script.popleft() if self._script else None
         try:
             if isinstance(step, Delay):
@@ -168,7 +279,7 @@ class OpenAITestServer:
             raise
 
     async def _stream(
-        self, request: web.Request, record: RecordedRequest, step: Reply | ToolCall
+        self, request: web.Request, record: RecordedRequest, step: Reply | ToolCall | ToolCalls
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -180,6 +291,9 @@ class OpenAITestServer:
             deltas = ({"content": piece} for piece in step.pieces())
             finish = step.finish_reason
             delay = step.token_delay_s if step.token_delay_s is not None else delay
+        elif isinstance(step, ToolCalls):
+            deltas = step.deltas()
+            finish = step.finish_reason
         else:
             call = _tool_call(body, step)
             args = call["function"]["arguments"]
@@ -202,6 +316,8 @@ class OpenAITestServer:
             else [],
         )
         reply = step if isinstance(step, Reply) else Reply()
+        if isinstance(step, ToolCalls):
+            reply = Reply(cut_after=step.cut_after)
         for frame in frames:
             if delay:
                 await asyncio.sleep(delay)
@@ -226,6 +342,9 @@ class OpenAITestServer:
 GRAMMAR_REFUSAL = "failed to parse grammar"
 """What llama.cpp's server says when the grammar built from a schema does not parse."""
 
+STREAM_TOOLS_REFUSAL = "Cannot use tools with stream"
+"""What llama.cpp's server said to a streamed request with tools before it streamed them."""
+
 
 def _sends_schema(body: dict[str, Any]) -> bool:
     """Whether the request asks for output constrained by a JSON schema: a json_schema
@@ -239,12 +358,15 @@ def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None) -> d
     return {**_envelope(body, "chat.completion.chunk"), "choices": [choice]}
 
 
-def _completion(body: dict[str, Any], step: Reply | ToolCall) -> dict[str, Any]:
+def _completion(body: dict[str, Any], step: Reply | ToolCall | ToolCalls) -> dict[str, Any]:
     if isinstance(step, Reply):
         message: dict[str, Any] = {
             "role": "assistant",
             "content": step.text or "".join(step.pieces()),
         }
+        finish = step.finish_reason
+    elif isinstance(step, ToolCalls):
+        message = step.message()
         finish = step.finish_reason
     else:
         message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(body, step)]}
@@ -275,13 +397,18 @@ def _tool_call(body: dict[str, Any], step: ToolCall) -> dict[str, Any]:
     return {"id": "call_test", "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def _usage(body: dict[str, Any], step: Reply | ToolCall) -> dict[str, int]:
+def _usage(body: dict[str, Any], step: Reply | ToolCall | ToolCalls) -> dict[str, int]:
     if step.usage is not None:
         prompt, completion = step.usage
     else:
         words = " ".join(str(m.get("content") or "") for m in body.get("messages", []))
         prompt = len(words.split())
-        completion = len(step.pieces()) if isinstance(step, Reply) else 1
+        if isinstance(step, Reply):
+            completion = len(step.pieces())
+        elif isinstance(step, ToolCalls):
+            completion = len(step.deltas())
+        else:
+            completion = 1
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
