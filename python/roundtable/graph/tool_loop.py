@@ -94,7 +94,7 @@ class ToolLoop:
         run, now = self.ctx.request.context, self.runtime.clock()
         room = max(0, self.budget - self.calls_made)
         expires = now + self.ctx.request.snapshot.session.budgets.approval_timeout_s
-        records = []
+        records: list[ToolCallRecord] = []
         for call in result.tool_calls[:room]:
             n = self.calls_made + len(records) + 1
             tool = self.tools.get(call.name)
