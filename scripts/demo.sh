@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: starts a sidecar (offline model, a throwaway database), runs a count-off,
-# an @mention, a parallel @all, an open discussion and a stop, then shuts it down.
+# an @mention, a parallel @all, an open discussion, a stop, and a turn whose member calls
+# tools on an MCP server (one call approved on the way), then shuts it down.
 # make demo-llm (scripts/demo.sh --llm): the same against the real model of scripts/llm.sh
 # (llama-server with SmolLM2-135M-Instruct; built once, started if it is not running).
 set -euo pipefail
@@ -52,3 +53,21 @@ sleep 0.6
 "$rt" chat "${model[@]}" --target "$target" --thread demo-4 "停止" >"$work/stop.out"
 wait $talk
 cat "$work/talk.out"; echo; cat "$work/stop.out"
+
+# Tools: the test MCP server (tests/support/mcp_server.py: weather, read-only; note, a write
+# that needs a person's approval), on a free port. --approve always answers the permission
+# request as a script would; without it, roundtable chat asks at the terminal (y/n).
+(cd "$root" && exec "$py" -m tests.support.mcp_server --port 0) >"$work/mcp.log" 2>&1 &
+mcp=$!
+trap 'kill -TERM $server $mcp 2>/dev/null; wait $server $mcp 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 100); do
+  mcp_port=$(sed -n 's/^mcp test server listening on port \([0-9]*\)$/\1/p' "$work/mcp.log")
+  [ -n "$mcp_port" ] && break
+  sleep 0.1
+done
+[ -n "$mcp_port" ] || { cat "$work/mcp.log"; exit 1; }
+tools=(--tools "http://127.0.0.1:$mcp_port/mcp")
+echo; echo "== a tool call (weather: read-only, runs at once)"
+"$rt" chat --kind single "${tools[@]}" --target "$target" --thread demo-6 "use weather for Paris"
+echo; echo "== a tool call that needs approval (note: approved with --approve always)"
+"$rt" chat --kind single "${tools[@]}" --approve always --target "$target" --thread demo-7 "用 note 记 买牛奶"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import uuid
@@ -16,6 +17,7 @@ import grpc
 from google.protobuf import json_format
 
 from roundtable.chat_render import ChatRenderer
+from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
@@ -167,6 +169,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a group's independent speakers answer at once (SPEAKER_CONCURRENCY_PARALLEL)",
     )
+    parser.add_argument(
+        "--tools",
+        metavar="URL",
+        help="an MCP server (streamable HTTP) whose tools weather (read-only) and note (needs "
+        'approval) every demo member may call; say e.g. "use weather for Paris"',
+    )
+    parser.add_argument(
+        "--approve",
+        choices=("ask", "always", "never"),
+        default="ask",
+        help="what to answer a permission request: ask at the terminal (y/n), or always "
+        "approve, or always deny (for scripts)",
+    )
     parser.add_argument("--tls-ca-file", help="PEM roots to trust: connect with TLS")
     parser.add_argument("--tls-cert-file", help="PEM client certificate (mutual TLS)")
     parser.add_argument("--tls-key-file", help="PEM key of the client certificate")
@@ -213,8 +228,61 @@ def run_chat(argv: Sequence[str]) -> int:
         choice.apply(request)
     if args.parallel:
         request.snapshot.session.speaker_concurrency = spb.SPEAKER_CONCURRENCY_PARALLEL
+    if args.tools:
+        add_demo_tools(request.snapshot, args.tools)
     print(f"you: {snapshot.user_turn.text}")
-    return asyncio.run(send_turn(args.target, request, names, sys.stdout, security=security))
+    approver = Approver(args.approve, names)
+    return asyncio.run(
+        send_turn(args.target, request, names, sys.stdout, security=security, approver=approver)
+    )
+
+
+DEMO_TOOLS = (
+    ("weather", "The weather in a city now.", "city", True, spb.APPROVAL_POLICY_NEVER),
+    ("note", "Writes a note for the user to keep.", "text", False, spb.APPROVAL_POLICY_ALWAYS),
+)
+
+
+def add_demo_tools(snapshot: spb.Snapshot, url: str) -> None:
+    """Declares the demo tools on an MCP server and lets every member call them."""
+    snapshot.session.tool_servers.add(server_id="tools", url=url)
+    for name, description, argument, read_only, approval in DEMO_TOOLS:
+        schema = {
+            "type": "object",
+            "properties": {argument: {"type": "string"}},
+            "required": [argument],
+        }
+        snapshot.session.tools.add(
+            name=name,
+            description=description,
+            input_schema_json=json.dumps(schema),
+            server_id="tools",
+            read_only=read_only,
+            approval=approval,
+        )
+    for member in snapshot.members:
+        member.tool_names.extend(name for name, *_ in DEMO_TOOLS)
+
+
+class Approver:
+    """Answers permission requests: asks the person at the terminal, or a fixed answer."""
+
+    def __init__(self, mode: str, names: dict[str, str]) -> None:
+        self.mode = mode
+        self.names = names
+
+    async def decide(self, asked: epb.PermissionRequired) -> tuple[int, str]:
+        """The decision and, for a denial, its reason."""
+        if self.mode == "always":
+            return pb.PERMISSION_DECISION_APPROVE, ""
+        if self.mode == "never":
+            return pb.PERMISSION_DECISION_DENY, "denied by --approve never"
+        who = self.names.get(asked.member_id, asked.member_id)
+        prompt = f"   allow {who} to run {asked.tool_name}? [y/n] "
+        answer = await asyncio.to_thread(input, prompt)
+        if answer.strip().lower() in ("y", "yes", "是", "好"):
+            return pb.PERMISSION_DECISION_APPROVE, ""
+        return pb.PERMISSION_DECISION_DENY, "the user said no"
 
 
 @dataclass(frozen=True)
@@ -254,15 +322,33 @@ async def send_turn(
     out: TextIO,
     *,
     security: ClientSecurity | None = None,
+    approver: Approver | None = None,
 ) -> int:
-    """Streams one StartRun and renders it; returns the exit code."""
+    """Streams one StartRun and renders it, answering permission requests with `approver`;
+    returns the exit code."""
     security = security or ClientSecurity()
     render = ChatRenderer(names, out)
+    context = request.context
     async with security.channel(target) as channel:
         stub = pb_grpc.OrchestratorServiceStub(channel)
         try:
             async for response in stub.StartRun(request, metadata=security.metadata()):
                 render(response.event)
+                if response.event.HasField("permission_required") and approver is not None:
+                    # The stream stays open while the run waits; the decision goes on the
+                    # side, and the run's next events come down this same stream.
+                    asked = response.event.permission_required
+                    decision, reason = await approver.decide(asked)
+                    await stub.ResolvePermission(
+                        pb.ResolvePermissionRequest(
+                            run_id=context.run_id,
+                            tenant=context.tenant,
+                            permission_request_id=asked.permission_request_id,
+                            decision=decision,  # type: ignore[arg-type]
+                            reason=reason,
+                        ),
+                        metadata=security.metadata(),
+                    )
         except grpc.aio.AioRpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1

@@ -82,6 +82,7 @@ class ChatRenderer:
             else:
                 out.write(f"{f.content}{note}\n")
             self._shown, self._open = "", False
+            self._tool_calls(f)
         elif kind == "speaker_failed":
             failed = event.speaker_failed
             who = names.get(failed.member_id, failed.member_id)
@@ -92,6 +93,13 @@ class ChatRenderer:
             for proposal in event.memory_proposed.proposals:
                 who = names.get(proposal.member_id, proposal.member_id)
                 out.write(f"── memory for {who}: {proposal.content}\n")
+        elif kind == "permission_required":
+            asked = event.permission_required
+            if self._open:
+                out.write("\n")
+                self._open = False
+            who = names.get(asked.member_id, asked.member_id)
+            out.write(f"── {who} asks to run {asked.tool_name}({asked.arguments_json})\n")
         elif kind == "run_cancelled":
             left = len(event.run_cancelled.steps_left)
             out.write(f"── cancelled ({event.run_cancelled.reason}); {left} step(s) left\n")
@@ -100,6 +108,17 @@ class ChatRenderer:
         elif kind == "run_failed":
             out.write(f"── failed: {event.run_failed.code} {event.run_failed.message}\n")
         out.flush()
+
+    def _tool_calls(self, final: epb.AssistantFinal) -> None:
+        """One line naming the tools a reply used and how each call ended."""
+        if final.tool_calls:
+            used = ", ".join(
+                f"{t.tool_name}: "
+                + epb.ToolCallOutcome.Name(t.outcome).removeprefix("TOOL_CALL_OUTCOME_").lower()
+                for t in final.tool_calls
+            )
+            who = self.names.get(final.member_id, final.member_id)
+            self.out.write(f"   ({who} used {used})\n")
 
     def _plan_groups(self, steps: Sequence[epb.PlanStep]) -> None:
         sizes = Counter((s.round, s.parallel_group) for s in steps if s.parallel_group)
@@ -136,6 +155,7 @@ class ChatRenderer:
             f = event.assistant_final
             note = " [replaced]" if f.finish_reason == epb.FINISH_REASON_REPLACED else ""
             out.write(f"{names.get(f.member_id, f.member_id)}: {f.content}{note}\n")
+            self._tool_calls(f)
         elif kind == "speaker_failed":
             failed = event.speaker_failed
             who = names.get(failed.member_id, failed.member_id)

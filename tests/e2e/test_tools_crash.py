@@ -1,0 +1,138 @@
+"""Tool calls across crashes: a real `roundtable serve` (process A) is SIGKILLed, and a new
+server on the same store (a SQLite file, or Postgres as a second replica) carries the run on.
+
+- Killed while it waits for approval: the decision is taken by B (ResolvePermission answers
+  `resumed = false`: nothing holds the run), the gateway sends the same StartRun, and the
+  run goes on from the call: the tool runs once and the reply completes.
+- Killed after the tool ran but before the reply's final: B replays the recorded call; the
+  write tool's execution count for its key stays 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import snapshot_pb2 as spb
+from runs.test_tools_approval import tool_request
+from support.builders import collect, finals, kinds, of_kind
+from support.mcp_server import McpServerProcess
+from support.process import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+LEASE = ("--lease-seconds", "1")
+"""On Postgres, B takes the run over once A's lease has run out."""
+
+
+async def test_killed_while_waiting_then_approved_on_another_server_runs_the_tool_once(
+    tmp_path: Path, store_url: str
+) -> None:
+    mcp = await McpServerProcess(tmp_path / "mcp.log").start()
+    request = tool_request("use note for buy milk", mcp, "kill-wait")
+    a = await ServerProcess(store_url, tmp_path / "a.log", *LEASE).start()
+    a_events: list[epb.RunEvent] = []
+    try:
+        async with a.channel() as channel:
+            async for response in a.stub(channel).StartRun(request):
+                a_events.append(response.event)
+                if response.event.HasField("permission_required"):
+                    # Let A park it (its registry row says so), then kill it.
+                    await asyncio.sleep(0.3)
+                    a.kill()
+                    break
+        asked = of_kind(a_events, "permission_required")[0].permission_required
+        b = await ServerProcess(store_url, tmp_path / "b.log", *LEASE).start()
+        try:
+            async with b.channel() as channel:
+                stub = b.stub(channel)
+                run = (
+                    await stub.GetRun(pb.GetRunRequest(run_id="kill-wait", tenant="tenant-1"))
+                ).run
+                assert run.status == pb.RUN_STATUS_AWAITING_APPROVAL, "a wait survives a crash"
+                assert [p.permission_request_id for p in run.pending_permissions] == [
+                    asked.permission_request_id
+                ]
+                answer = await stub.ResolvePermission(
+                    pb.ResolvePermissionRequest(
+                        run_id="kill-wait",
+                        tenant="tenant-1",
+                        permission_request_id=asked.permission_request_id,
+                        decision=pb.PERMISSION_DECISION_APPROVE,
+                    )
+                )
+                assert not answer.resumed, "no server holds the run: the next StartRun resumes it"
+                events = await collect(stub.StartRun(request))
+        finally:
+            await b.stop()
+        ran = mcp.counts("note")
+    finally:
+        await a.stop()
+        await mcp.stop()
+    assert kinds(events)[-1] == "run_completed"
+    # One execution across both servers: it waited, and went on where it waited.
+    assert kinds(events).count("run_started") == 1
+    assert len(of_kind(events, "permission_required")) == 1
+    (final,) = finals(events)
+    assert "noted 'buy milk' (1)" in final.content
+    assert ran == {asked.permission_request_id: 1}
+
+
+async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_it_again(
+    tmp_path: Path, store_url: str
+) -> None:
+    mcp = await McpServerProcess(tmp_path / "mcp.log").start()
+    request = tool_request("use note for buy milk", mcp, "kill-ran")
+    # Every model call of the member takes 1.5 s: A dies while the model writes the reply
+    # after the tool answered.
+    request.snapshot.members[0].model.CopyFrom(
+        spb.ModelRef(
+            target=spb.ModelTarget(
+                provider="offline", model="m", base_url="offline:?latency_ms=1500"
+            )
+        )
+    )
+    a = await ServerProcess(store_url, tmp_path / "a.log", *LEASE).start()
+    try:
+        async with a.channel() as channel:
+            stub = a.stub(channel)
+            call = stub.StartRun(request)
+            async for response in call:
+                if response.event.HasField("permission_required"):
+                    asked = response.event.permission_required
+                    await stub.ResolvePermission(
+                        pb.ResolvePermissionRequest(
+                            run_id="kill-ran",
+                            tenant="tenant-1",
+                            permission_request_id=asked.permission_request_id,
+                            decision=pb.PERMISSION_DECISION_APPROVE,
+                        )
+                    )
+                    break
+            async with asyncio.timeout(20):
+                while not mcp.counts("note"):  # noqa: ASYNC110 (another process's state)
+                    await asyncio.sleep(0.02)
+            # The server ran it; A records the result a moment later, then asks the model
+            # (1.5 s): kill it during that call. (Killed before the record, B would send
+            # the call again with the same key: at least once, as the contract says.)
+            await asyncio.sleep(0.5)
+            a.kill()
+            call.cancel()
+        b = await ServerProcess(store_url, tmp_path / "b.log", *LEASE).start()
+        try:
+            async with b.channel() as channel:
+                events = await collect(b.stub(channel).StartRun(request))
+        finally:
+            await b.stop()
+        ran = mcp.counts("note")
+    finally:
+        await a.stop()
+        await mcp.stop()
+    assert kinds(events)[-1] == "run_completed"
+    (final,) = finals(events)
+    assert "noted 'buy milk' (1)" in final.content, "the model saw the recorded result"
+    assert ran == {asked.permission_request_id: 1}, "the write ran once"
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_OK]
