@@ -17,10 +17,11 @@ import pytest
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
-from runs.test_tools_approval import tool_request
+from runs.test_tools_approval import Reader, tool_request, waiting_run
 from support.builders import collect, finals, kinds, of_kind
 from support.mcp_server import McpServerProcess
 from support.process import ServerProcess
+from support.stores import drop_schema, new_schema, postgres_dsn
 
 pytestmark = pytest.mark.e2e
 
@@ -136,3 +137,57 @@ async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_i
     assert "noted 'buy milk' (1)" in final.content, "the model saw the recorded result"
     assert ran == {asked.permission_request_id: 1}, "the write ran once"
     assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_OK]
+
+
+async def test_a_run_waiting_on_replica_a_is_approved_and_cancelled_through_replica_b(
+    tmp_path: Path,
+) -> None:
+    """Both replicas live on one Postgres: A keeps the run parked; B follows it, takes the
+    decision (`resumed`: the replica keeping it goes on), and A's watch of its parked runs
+    resumes it; a second run waiting on A is cancelled through B."""
+    dsn = postgres_dsn()
+    store = new_schema(dsn)
+    mcp = await McpServerProcess(tmp_path / "mcp.log").start()
+    a = await ServerProcess(store, tmp_path / "a.log", *LEASE).start()
+    b = await ServerProcess(store, tmp_path / "b.log", *LEASE).start()
+    try:
+        async with a.channel() as a_channel, b.channel() as b_channel:
+            a_stub, b_stub = a.stub(a_channel), b.stub(b_channel)
+            request = tool_request("use note for buy milk", mcp, "two-a")
+            on_a = Reader(a_stub.StartRun(request))
+            asked = (await on_a.until("permission_required")).permission_required
+            await waiting_run(a_stub, "two-a")
+            # B follows the run A keeps parked: the same StartRun there does not run it.
+            on_b = Reader(b_stub.StartRun(request))
+            await on_b.until("permission_required")
+            answer = await b_stub.ResolvePermission(
+                pb.ResolvePermissionRequest(
+                    run_id="two-a",
+                    tenant="tenant-1",
+                    permission_request_id=asked.permission_request_id,
+                    decision=pb.PERMISSION_DECISION_APPROVE,
+                )
+            )
+            assert answer.resumed, "A keeps the run and resumes it"
+            a_events, b_events = await on_a.end(), await on_b.end()
+            ran = mcp.counts("note")
+
+            second = Reader(a_stub.StartRun(tool_request("use note for more milk", mcp, "two-c")))
+            await second.until("permission_required")
+            await waiting_run(a_stub, "two-c")
+            cancel = await b_stub.CancelRun(pb.CancelRunRequest(run_id="two-c", tenant="tenant-1"))
+            assert cancel.outcome == pb.CANCEL_OUTCOME_REQUESTED
+            cancelled = await second.end()
+            ran_after = mcp.counts("note")
+    finally:
+        await a.stop()
+        await b.stop()
+        await mcp.stop()
+        drop_schema(dsn, store)
+    for events in (a_events, b_events):
+        assert kinds(events)[-1] == "run_completed"
+        (final,) = finals(events)
+        assert "noted 'buy milk' (1)" in final.content
+    assert ran == {asked.permission_request_id: 1}
+    assert kinds(cancelled)[-1] == "run_cancelled"
+    assert ran_after == ran, "the cancelled run's call never ran"

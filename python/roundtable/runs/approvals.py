@@ -20,7 +20,7 @@ from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.runs.progress import Progress
 from roundtable.runs.registry import LiveRegistry
-from roundtable.store.base import RunRecord
+from roundtable.store.base import ACTIVE, RunRecord, RunStatus
 
 Unpark = Callable[[LiveRun], Awaitable[bool]]
 """Resumes a run this process holds parked; False when it cannot now (no room)."""
@@ -41,10 +41,14 @@ class Resolution:
 class Approvals:
     """Records decisions on permission requests and lists the waiting ones."""
 
-    def __init__(self, *, log: EventLog, registry: LiveRegistry, unpark: Unpark) -> None:
+    def __init__(
+        self, *, log: EventLog, registry: LiveRegistry, unpark: Unpark, owner: str
+    ) -> None:
         self.log = log
         self.registry = registry
         self.unpark = unpark
+        self.owner = owner
+        """This process's id: a run another replica keeps parked goes on there."""
 
     async def resolve(
         self,
@@ -85,9 +89,9 @@ class Approvals:
             call = await store.tool_call(tenant, run_id, call_key) or call
         if call.verdict is not verdict:
             # Expired or cancelled meanwhile, or another person decided first.
-            resumed = await self._go_on(live)
+            await self._go_on(live, record)
             raise PermissionDecided(f"{call_key[:256]} is recorded as {call.verdict.value}")
-        resumed = await self._go_on(live)
+        resumed = await self._go_on(live, record)
         if live is not None:
             record, progress = live.record, live.progress
         else:
@@ -95,20 +99,16 @@ class Approvals:
             progress = await self.log.progress(record)
         return Resolution(call=call, record=record, progress=progress, resumed=resumed)
 
-    async def _go_on(self, live: LiveRun | None) -> bool:
-        """Resumes the run when this process holds it parked."""
-        if live is None or self.registry.parked(*live.key) is None:
-            return False
-        return await self.unpark(live)
-
-    async def cancel_waiting(self, tenant: str, run_id: str) -> None:
-        """Records every waiting call of a run being cancelled as denied (`cancelled`)."""
-        store = self.log.store
-        for call in await store.tool_calls(tenant, run_id):
-            if call.needs_approval and call.verdict is Verdict.PENDING:
-                await store.decide_tool_call(
-                    tenant, run_id, call.call_key, Verdict.CANCELLED, reason="cancelled"
-                )
+    async def _go_on(self, live: LiveRun | None, record: RunRecord) -> bool:
+        """Resumes the run when this process holds it parked; True too when another replica
+        keeps it (its watch of parked runs finds the decision) or it runs already."""
+        if live is not None:
+            if self.registry.parked(*live.key) is None:
+                return True  # executing here: it parks, finds the decision, goes on
+            return await self.unpark(live)
+        if record.status is RunStatus.AWAITING_APPROVAL:
+            return record.leased_by_other(self.owner, time.time())
+        return record.status in ACTIVE
 
     async def pending(
         self, tenant: str, run_id: str, progress: Progress

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Protocol
 
 from roundtable.domain.snapshot import RunRequest
@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 
 Accept = Callable[[CancelMark | None], None]
 """Called with an appended event's cancel mark once the event is in the log."""
+
+
+ParkedKeys = Callable[[], Collection[tuple[str, str]]]
+"""The (tenant, run_id) of the runs this process keeps parked now."""
+Wake = Callable[[tuple[str, str]], None]
+"""Resumes a run this process keeps parked."""
 
 
 class CancelMarks(Protocol):
@@ -76,6 +82,16 @@ class Coordination(Protocol):
         """Closes the logs of runs start-up found left running by a dead process."""
         ...
 
+    def park_holder(self) -> tuple[str, float]:
+        """Who keeps a run parked for approval in the registry, and until when: this
+        process (while its lease is renewed) where replicas share the store."""
+        ...
+
+    def watch_parked(self, parked: ParkedKeys, wake: Wake) -> asyncio.Task[None] | None:
+        """Keeps the runs parked here leased, and wakes one when a decision or a cancel
+        for it is recorded by another replica (None: every decision lands here)."""
+        ...
+
 
 class LocalCoordination:
     """One process owns the store: nothing to lock, lease, fence or poll."""
@@ -113,6 +129,15 @@ class LocalCoordination:
         for tenant, run_id in runs:
             await log.close_if_open(tenant, run_id)
 
+    def park_holder(self) -> tuple[str, float]:
+        """Nobody: a parked run is this process's, in memory, or (after a restart) the
+        next StartRun's."""
+        return "", 0.0
+
+    def watch_parked(self, parked: ParkedKeys, wake: Wake) -> asyncio.Task[None] | None:
+        """ResolvePermission always lands in the process that holds the run."""
+        return None
+
 
 class SharedCoordination:
     """Replicas on one shared store: thread locks, leases, owner fences, remote cancels."""
@@ -125,6 +150,8 @@ class SharedCoordination:
         self.lease_s = lease_s
         self.poll_s = poll_s
         """How often a waiting run or a follower asks the store again (seconds)."""
+        self.parked_poll_s = 0.2
+        """How often the runs parked here are checked for decisions made elsewhere."""
 
     async def hold_thread(
         self, tenant: str, thread_id: str, guard: contextlib.AsyncExitStack
@@ -176,6 +203,34 @@ class SharedCoordination:
     async def close_interrupted(self, runs: Iterable[tuple[str, str]], log: EventLog) -> None:
         """Nothing: a replica may be resuming such a run at this very moment, and that
         resume closes the log itself."""
+
+    def park_holder(self) -> tuple[str, float]:
+        """This replica, for a lease it renews while it keeps the run parked
+        (`watch_parked`); if it dies, the lease runs out and any replica resumes the run."""
+        return self.owner, time.time() + self.lease_s
+
+    def watch_parked(self, parked: ParkedKeys, wake: Wake) -> asyncio.Task[None] | None:
+        """One task for all the runs parked here: renews their leases every third of a
+        lease, and every `parked_poll_s` asks which of them got a decision or a cancel
+        on another replica (one query, only while some run is parked)."""
+        return asyncio.create_task(self._watch_parked(parked, wake), name="parked")
+
+    async def _watch_parked(self, parked: ParkedKeys, wake: Wake) -> None:
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(self.parked_poll_s)
+            here = parked()
+            if not here:
+                continue
+            try:
+                if time.monotonic() - renewed >= self.lease_s / 3:
+                    await self.store.renew_parked(self.owner, self.lease_s)
+                    renewed = time.monotonic()
+                for key in await self.store.decided_parked(self.owner):
+                    if key in here:
+                        wake(key)
+            except Exception as exc:  # the store is unreachable: try again next time
+                log.warning("parked runs' watch failed: %s", type(exc).__name__)
 
     async def _keep_lease(self, live: LiveRun) -> None:
         """Renews the run's lease while it runs; honours immediate cancels recorded by

@@ -37,9 +37,12 @@ def decide_start(
     if record.status in ACTIVE:
         # Leased elsewhere: follow. Otherwise the process that ran it is gone: resume.
         return StartAction.FOLLOW if record.leased_by_other(owner, now) else StartAction.LAUNCH
-    if record.status in RESUMABLE or record.status is RunStatus.AWAITING_APPROVAL:
-        # A run waiting for approval that no process holds (its server stopped): it goes
-        # on here, and parks again at once if its call is still undecided.
+    if record.status is RunStatus.AWAITING_APPROVAL:
+        # Waiting for approval: another replica keeps it parked (follow; it resumes there),
+        # or nobody does (its server stopped): it goes on here, and parks again at once if
+        # its call is still undecided.
+        return StartAction.FOLLOW if record.leased_by_other(owner, now) else StartAction.LAUNCH
+    if record.status in RESUMABLE:
         return StartAction.LAUNCH
     if failed_retryably:
         return StartAction.LAUNCH

@@ -49,7 +49,7 @@ from roundtable.runs.log import EventLog
 from roundtable.runs.progress import Progress
 from roundtable.runs.registry import SHUTDOWN_REASON, LiveRegistry
 from roundtable.runs.sink import RunSink
-from roundtable.store.base import LeaseLost, RunStatus
+from roundtable.store.base import LeaseLost, RunRecord, RunStatus
 from roundtable.telemetry.attributes import run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
 
@@ -351,6 +351,17 @@ class Executor:
             live.take_back_interrupts()
         return state
 
+    async def _write_end(self, record: RunRecord) -> bool:
+        """The run's row at the end of this execution: finished, or parked for approval
+        (kept by this replica where replicas share the store)."""
+        store, holder = self.log.store, self.coordination.owner
+        if record.status is RunStatus.AWAITING_APPROVAL:
+            owner, lease_until = self.coordination.park_holder()
+            parked = await store.park_run(record, holder, owner, lease_until)
+            record.owner, record.lease_until = owner, lease_until
+            return parked
+        return await store.finish_run(record, holder)
+
     async def _decided_meanwhile(self, live: LiveRun, call_keys: tuple[str, ...]) -> bool:
         """Whether any of the calls the run parked on has a decision recorded already; a stop
         asked for meanwhile is recorded as one (`cancelled`) for each."""
@@ -378,7 +389,7 @@ class Executor:
         if not live.lease_lost:
             record.status = status
             with contextlib.suppress(Exception):
-                if not await self.log.store.finish_run(record, self.coordination.owner):
+                if not await self._write_end(record):
                     # Another process owns the row now (e.g. a second server on the same
                     # SQLite file marked it interrupted): its record is left as it is.
                     log.warning(

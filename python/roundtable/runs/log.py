@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from roundtable.codec.events import decode, kind_of, seal
-from roundtable.domain.events import Envelope, RunFailed
+from roundtable.domain.events import Envelope, Event, RunFailed
 from roundtable.domain.plan import PlanStep
 from roundtable.runs.progress import Progress
 from roundtable.store.base import RunRecord, RunStatus, RunStore, StoredEvent
@@ -76,6 +76,13 @@ class EventLog:
         stored = StoredEvent(envelope.seq, kind_of(failed), envelope.wire)
         await self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
         return envelope
+
+    async def append(self, record: RunRecord, event: Event, *, owner: str | None = None) -> int:
+        """Appends one event after the log's last (outside any execution); its seq."""
+        envelope = seal(record.run_id, record.last_seq + 1, time.time(), event)
+        stored = StoredEvent(envelope.seq, kind_of(event), envelope.wire)
+        await self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
+        return envelope.seq
 
     async def close_if_open(self, tenant: str, run_id: str) -> None:
         """Closes the log of a run whose process died mid-execution (retryable), if its

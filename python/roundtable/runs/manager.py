@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import socket
 import time
@@ -31,7 +30,6 @@ from roundtable.domain.errors import (
     RunAlreadyExists,
     RunNotFound,
     StreamGap,
-    TooManyRuns,
 )
 from roundtable.domain.events import Envelope
 from roundtable.domain.snapshot import RunRequest
@@ -43,6 +41,7 @@ from roundtable.runs.execution import Executor, Launch
 from roundtable.runs.follow import Follower
 from roundtable.runs.live import LiveRun, Subscription
 from roundtable.runs.log import EventLog
+from roundtable.runs.parking import Parking
 from roundtable.runs.progress import Progress
 from roundtable.runs.registry import LiveRegistry
 from roundtable.runs.replay import replay
@@ -95,9 +94,18 @@ class RunManager:
         self.lease_s = lease_s
         self.owner = coordination.owner
         self._lock = asyncio.Lock()
-        self.approvals = Approvals(log=log, registry=registry, unpark=self._unpark)
-        registry.on_wake = self._wake
-        self._waking: set[asyncio.Task[bool]] = set()
+        self.parking = Parking(
+            log=log,
+            registry=registry,
+            coordination=coordination,
+            executor=executor,
+            lock=self._lock,
+            lease_s=lease_s,
+        )
+        """The runs parked here for approval: resumed, woken, cancelled."""
+        self.approvals = Approvals(
+            log=log, registry=registry, unpark=self.parking.unpark, owner=self.owner
+        )
         """Decisions on permission requests (ResolvePermission) and the waiting ones."""
 
     # -- starting ---------------------------------------------------------------------------
@@ -313,7 +321,8 @@ class RunManager:
         record = await self.log.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
-        if record.status in ACTIVE and record.leased_by_other(self.owner, time.time()):
+        following = record.status in ACTIVE or record.status is RunStatus.AWAITING_APPROVAL
+        if following and record.leased_by_other(self.owner, time.time()):
             return self.follower.follow(record, after_seq=after_seq)
         return await replay(self.log, record, after_seq=after_seq, strict=True)
 
@@ -348,18 +357,15 @@ class RunManager:
         if live is not None:
             live.stop.request(reason or "cancel_requested")
             if self.registry.parked(tenant, run_id) is not None:
-                # Waiting for a person: its calls count as denied, and it goes on to
-                # its end (run_cancelled) at the boundary where it waits.
-                await self.approvals.cancel_waiting(tenant, run_id)
-                await self._unpark(live)
+                await self.parking.cancel(live)
             elif immediate:
                 live.interrupt_graph()
             return CancelResult(True, live.record, live.progress)
         record, progress = await self.describe(tenant, run_id)
         if record.status is RunStatus.AWAITING_APPROVAL:
-            # No process holds it (its server stopped): it ends at its next StartRun.
-            await self.approvals.cancel_waiting(tenant, run_id)
-            return CancelResult(True, record, progress)
+            accepted = await self.parking.cancel_elsewhere(record, reason or "cancel_requested")
+            record, progress = await self.describe(tenant, run_id)
+            return CancelResult(accepted, record, progress)
         if record.status in ACTIVE and record.leased_by_other(self.owner, time.time()):
             # Another replica runs it: record the cancel there; it stops at its next
             # speaker boundary (an immediate cancel within a third of a lease).
@@ -385,37 +391,11 @@ class RunManager:
             raise RunNotFound(run_id)
         return record, await self.log.progress(record)
 
-    def _wake(self, live: LiveRun) -> None:
-        """A parked run's request expired: it goes on (the call counts as expired)."""
-        task = asyncio.create_task(self._unpark(live))
-        self._waking.add(task)
-        task.add_done_callback(self._waking.discard)
-
-    async def _unpark(self, live: LiveRun) -> bool:
-        """Resumes a run parked here for approval (a decision came, or a cancel); False
-        when it cannot start now (no room: it stays parked, the decision is recorded)."""
-        async with self._lock:
-            if self.registry.parked(*live.key) is None:
-                return True  # resumed already (two decisions at once)
-            try:
-                launch = self.registry.unpark(live)
-            except TooManyRuns:
-                return False
-            record = live.record
-            await self.log.store.acquire_lease(
-                record.tenant, record.run_id, self.owner, self.lease_s
-            )
-            record.status = RunStatus.RUNNING
-            await self.log.store.update_run(record)
-            self.executor.launch(
-                live, dataclasses.replace(launch, resumed=True, unparks=True, wait_for=None)
-            )
-            return True
-
     # -- shutting down ----------------------------------------------------------------------
 
     async def drain(self, grace_s: float) -> None:
         """Stops taking runs, lets live ones reach a speaker boundary, interrupts the rest."""
+        self.parking.close()
         await self.registry.drain(grace_s)
 
     @property

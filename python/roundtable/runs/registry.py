@@ -36,6 +36,8 @@ class LiveRegistry:
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self.on_wake: Callable[[LiveRun], object] | None = None
         """Called when a parked run's first request expires (the manager resumes it)."""
+        self.on_park: Callable[[], object] | None = None
+        """Called when a run parks (the manager starts watching parked runs)."""
         self.draining = False
         """Set once the server shuts down: no run starts any more."""
 
@@ -70,6 +72,8 @@ class LiveRegistry:
             self._per_tenant[live.record.tenant] -= 1
             self._parked[live.key] = launch
         live.task = None
+        if self.on_park is not None:
+            self.on_park()
         if self.on_wake is not None and wake_at:
             loop = asyncio.get_running_loop()
             delay = max(0.0, wake_at - time.time())
@@ -79,6 +83,10 @@ class LiveRegistry:
         """Resumes a parked run now (through `on_wake`), as its expiry would."""
         if self.on_wake is not None and live.key in self._parked:
             self.on_wake(live)
+
+    def parked_keys(self) -> frozenset[tuple[str, str]]:
+        """The (tenant, run_id) of the runs parked here."""
+        return frozenset(self._parked)
 
     def parked(self, tenant: str, run_id: str) -> Launch | None:
         """How a parked run was launched, when this process holds it parked."""

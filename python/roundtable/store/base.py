@@ -206,6 +206,23 @@ class RunStore(ToolCallStore, Protocol):
         `owner`'s any more (nothing written)."""
         ...
 
+    async def park_run(
+        self, record: RunRecord, holder: str, owner: str, lease_until: float
+    ) -> bool:
+        """Marks the run waiting for approval (with its last seq), while `holder` holds it;
+        `owner` and `lease_until` say who keeps it parked ("" and 0: nobody, on a store
+        only this process uses). False when the row was not `holder`'s any more."""
+        ...
+
+    async def renew_parked(self, owner: str, ttl_s: float) -> None:
+        """Extends the leases of every run `owner` keeps parked."""
+        ...
+
+    async def decided_parked(self, owner: str) -> list[tuple[str, str]]:
+        """(tenant, run_id) of the runs `owner` keeps parked that have a decision or a
+        cancel recorded (by any replica) to act on."""
+        ...
+
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
         """Records a cancel for whichever replica runs the run; False (nothing recorded)
         when the run is no longer queued or running."""

@@ -105,3 +105,26 @@ class SqlRegistry(ABC):
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:
         params = {"tenant": tenant, "run_id": run_id, "cancel_mode": mode, "cancel_reason": reason}
         return await self._write(self.sql.request_cancel, params) == 1
+
+    async def park_run(
+        self, record: RunRecord, holder: str, owner: str, lease_until: float
+    ) -> bool:
+        record.updated_at = time.time()
+        params = {
+            "tenant": record.tenant,
+            "run_id": record.run_id,
+            "last_seq": record.last_seq,
+            "updated_at": record.updated_at,
+            "owner": owner,
+            "lease_until": lease_until,
+            "holder": holder,
+        }
+        return await self._write(self.sql.park_run, params) == 1
+
+    async def renew_parked(self, owner: str, ttl_s: float) -> None:
+        params = {"owner": owner, "lease_until": time.time() + ttl_s}
+        await self._write(self.sql.renew_parked, params)
+
+    async def decided_parked(self, owner: str) -> list[tuple[str, str]]:
+        rows = await self._read(self.sql.decided_parked, {"owner": owner})
+        return [(tenant, run_id) for tenant, run_id in rows]

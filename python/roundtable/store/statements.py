@@ -42,6 +42,9 @@ class Statements:
     renew_lease: str
     finish_run: str
     request_cancel: str
+    park_run: str
+    renew_parked: str
+    decided_parked: str
 
     @classmethod
     def for_dialect(cls, dialect: Dialect) -> Statements:
@@ -101,11 +104,31 @@ _TEMPLATES = Statements(
         "owner='', lease_until=0, cancel_mode='', cancel_reason='' "
         "WHERE tenant=:tenant AND run_id=:run_id AND owner=:holder"
     ),
-    # Only a queued or running run takes a cancel: one recorded after the run ended
-    # would stay on its row and stop its next resume at once.
+    # Only a queued, running or waiting run takes a cancel: one recorded after the run
+    # ended would stay on its row and stop its next resume at once.
     request_cancel=(
         "UPDATE rt_runs SET cancel_mode=:cancel_mode, cancel_reason=:cancel_reason "
-        "WHERE tenant=:tenant AND run_id=:run_id AND status IN ('queued', 'running')"
+        "WHERE tenant=:tenant AND run_id=:run_id "
+        "AND status IN ('queued', 'running', 'awaiting_approval')"
+    ),
+    # A parked run keeps its owner (and a lease the owner renews) on a shared store: the
+    # replica holding its snapshot resumes it; other replicas follow it.
+    park_run=(
+        "UPDATE rt_runs SET status='awaiting_approval', last_seq=:last_seq, "
+        "updated_at=:updated_at, owner=:owner, lease_until=:lease_until "
+        "WHERE tenant=:tenant AND run_id=:run_id AND owner=:holder"
+    ),
+    renew_parked=(
+        "UPDATE rt_runs SET lease_until=:lease_until "
+        "WHERE owner=:owner AND status='awaiting_approval'"
+    ),
+    # The runs parked by `owner` with a decision on one of their calls, or a cancel,
+    # recorded elsewhere.
+    decided_parked=(
+        "SELECT r.tenant, r.run_id FROM rt_runs r WHERE r.owner=:owner "
+        "AND r.status='awaiting_approval' AND (r.cancel_mode<>'' OR EXISTS ("
+        "SELECT 1 FROM rt_tool_calls c WHERE c.tenant=r.tenant AND c.run_id=r.run_id "
+        "AND c.needs_approval=1 AND c.verdict<>'' AND c.status='requested'))"
     ),
 )
 

@@ -1,0 +1,128 @@
+"""Runs parked for approval in this process: resuming them, waking them, ending them.
+
+A run whose speaker waits for a person's decision parks (`graph.context.Parked`): its
+execution ends, its `LiveRun` stays in the registry with its streams (and its snapshot and
+credentials, in memory only), and it gives up its place among the runs executing. It goes
+on when a decision is recorded here (ResolvePermission), when its first request expires
+(one timer), when another replica records a decision or a cancel (the coordination's
+watch, on a shared store), or when it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from roundtable.domain.errors import TooManyRuns
+from roundtable.domain.events import RunCancelled
+from roundtable.domain.tools import Verdict
+from roundtable.runs.coordination import Coordination
+from roundtable.runs.execution import Executor
+from roundtable.runs.live import LiveRun
+from roundtable.runs.log import EventLog
+from roundtable.runs.registry import LiveRegistry
+from roundtable.store.base import RunRecord, RunStatus
+
+
+class Parking:
+    """Resumes, wakes and cancels the runs parked in this process."""
+
+    def __init__(
+        self,
+        *,
+        log: EventLog,
+        registry: LiveRegistry,
+        coordination: Coordination,
+        executor: Executor,
+        lock: asyncio.Lock,
+        lease_s: float,
+    ) -> None:
+        self.log = log
+        self.registry = registry
+        self.coordination = coordination
+        self.executor = executor
+        self.lock = lock
+        """The run manager's: a resume and a StartRun of the same run never interleave."""
+        self.lease_s = lease_s
+        self._tasks: set[asyncio.Task[bool]] = set()
+        self._watch: asyncio.Task[None] | None = None
+        registry.on_wake = self.wake
+        registry.on_park = self._watching
+
+    def _watching(self) -> None:
+        """Starts the coordination's watch of parked runs, once, at the first park."""
+        if self._watch is None:
+            self._watch = self.coordination.watch_parked(self.registry.parked_keys, self._wake_key)
+
+    def _wake_key(self, key: tuple[str, str]) -> None:
+        live = self.registry.get(*key)
+        if live is not None:
+            self.wake(live)
+
+    def wake(self, live: LiveRun) -> None:
+        """Resumes a parked run in a task of its own (a timer or a watch calls this)."""
+        task = asyncio.create_task(self.unpark(live))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def unpark(self, live: LiveRun) -> bool:
+        """Resumes a run parked here (a decision came, or a cancel); False when it cannot
+        start now (no room: it stays parked, its decision recorded)."""
+        async with self.lock:
+            if self.registry.parked(*live.key) is None:
+                return True  # resumed already (two decisions at once)
+            try:
+                launch = self.registry.unpark(live)
+            except TooManyRuns:
+                return False
+            record, store = live.record, self.log.store
+            await store.acquire_lease(
+                record.tenant, record.run_id, self.coordination.owner, self.lease_s
+            )
+            record.status = RunStatus.RUNNING
+            await store.update_run(record)
+            self.executor.launch(
+                live, dataclasses.replace(launch, resumed=True, unparks=True, wait_for=None)
+            )
+            return True
+
+    async def cancel_waiting(self, tenant: str, run_id: str) -> None:
+        """Records every waiting call of a run being cancelled as denied (`cancelled`)."""
+        store = self.log.store
+        for call in await store.tool_calls(tenant, run_id):
+            if call.needs_approval and call.verdict is Verdict.PENDING:
+                await store.decide_tool_call(
+                    tenant, run_id, call.call_key, Verdict.CANCELLED, reason="cancelled"
+                )
+
+    async def cancel(self, live: LiveRun) -> None:
+        """Cancels a run parked here: its waiting calls count as denied, and it goes on to
+        run_cancelled at the speaker boundary where it waits."""
+        await self.cancel_waiting(*live.key)
+        await self.unpark(live)
+
+    async def cancel_elsewhere(self, record: RunRecord, reason: str) -> bool:
+        """Cancels a waiting run this process does not hold. Another replica keeps it
+        parked: the cancel is recorded for it (its watch wakes it). Nobody does (its server
+        stopped): its log is closed here with run_cancelled. False when it moved on."""
+        store, owner = self.log.store, self.coordination.owner
+        await self.cancel_waiting(record.tenant, record.run_id)
+        if record.leased_by_other(owner, time.time()):
+            return await store.request_cancel(record.tenant, record.run_id, "graceful", reason)
+        if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
+            return False
+        progress = await self.log.progress(record)
+        cancelled = RunCancelled(
+            reason=reason,
+            finished_reply_ids=tuple(progress.finished_reply_ids),
+            steps_left=tuple(progress.steps_left),
+        )
+        record.last_seq = await self.log.append(record, cancelled, owner=owner)
+        record.status = RunStatus.CANCELLED
+        return await store.finish_run(record, owner)
+
+    def close(self) -> None:
+        """Stops watching parked runs (the process is stopping)."""
+        if self._watch is not None:
+            self._watch.cancel()
