@@ -14,6 +14,7 @@ from roundtable.server import RunningServer, running_server
 from roundtable.settings import Settings
 from roundtable.telemetry.setup import Telemetry, disabled
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from support.mcp_server import McpServerProcess
 from support.stores import drop_schema, new_schema, postgres_dsn
 
 ServerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningServer]]
@@ -77,3 +78,13 @@ async def stub(server: RunningServer) -> AsyncIterator[pb_grpc.OrchestratorServi
     """A client of `server`, through the generated stub."""
     async with grpc.aio.insecure_channel(server.address) as channel:
         yield pb_grpc.OrchestratorServiceStub(channel)
+
+
+@pytest.fixture
+async def mcp(tmp_path: Path) -> AsyncIterator[McpServerProcess]:
+    """The test MCP server (tests/support/mcp_server.py) on a free port, for one test."""
+    server = await McpServerProcess(tmp_path / "mcp.log").start()
+    try:
+        yield server
+    finally:
+        await server.stop()

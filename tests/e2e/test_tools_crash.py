@@ -17,7 +17,7 @@ import pytest
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
-from runs.test_tools_approval import Reader, tool_request, waiting_run
+from support.approvals import Reader, tool_request, waiting_run
 from support.builders import collect, finals, kinds, of_kind
 from support.mcp_server import McpServerProcess
 from support.process import ServerProcess

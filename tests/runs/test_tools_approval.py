@@ -8,10 +8,7 @@ rest of the sentence as its argument, and answers quoting the result; the test s
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,133 +17,18 @@ from grpc_status import rpc_status
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
-from roundtable.v1 import snapshot_pb2 as spb
-from support.builders import finals, kinds, member, of_kind, start_request
+from support.approvals import (
+    APPROVE,
+    DENY,
+    WEATHER_SCHEMA,
+    Reader,
+    reason_of,
+    resolve,
+    tool_request,
+    waiting_run,
+)
+from support.builders import finals, kinds, of_kind
 from support.mcp_server import McpServerProcess
-
-WEATHER_SCHEMA = json.dumps(
-    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-)
-NOTE_SCHEMA = json.dumps(
-    {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-)
-APPROVE, DENY = pb.PERMISSION_DECISION_APPROVE, pb.PERMISSION_DECISION_DENY
-
-
-@pytest.fixture
-async def mcp(tmp_path: Path) -> AsyncIterator[McpServerProcess]:
-    server = await McpServerProcess(tmp_path / "mcp.log").start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-def tool_request(
-    text: str, mcp: McpServerProcess, run_id: str, *, approval_timeout_s: int = 0
-) -> pb.StartRunRequest:
-    """A single chat whose member may call `weather` (read-only, no approval) and `note`
-    (a write that needs approval)."""
-    mei = member("mei", "Mei")
-    mei.tool_names.extend(["weather", "note"])
-    request = start_request(
-        text,
-        members=[mei],
-        run_id=run_id,
-        thread_id=f"t-{run_id}",
-        kind=spb.SESSION_KIND_SINGLE,
-        budgets=spb.Budgets(approval_timeout_seconds=approval_timeout_s)
-        if approval_timeout_s
-        else None,
-    )
-    session = request.snapshot.session
-    session.tool_servers.add(server_id="local", url=mcp.url)
-    session.tools.add(
-        name="weather",
-        description="The weather in a city.",
-        input_schema_json=WEATHER_SCHEMA,
-        server_id="local",
-        read_only=True,
-    )
-    session.tools.add(
-        name="note",
-        description="Writes a note.",
-        input_schema_json=NOTE_SCHEMA,
-        server_id="local",
-        approval=spb.APPROVAL_POLICY_ALWAYS,
-    )
-    return request
-
-
-class Reader:
-    """A StartRun stream read event by event in the background."""
-
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
-        self.call = call
-        self.events: list[epb.RunEvent] = []
-        self._arrived = asyncio.Event()
-        self.task = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        async for response in self.call:
-            self.events.append(response.event)
-            self._arrived.set()
-
-    async def until(self, kind: str, wait_s: float = 20.0) -> epb.RunEvent:
-        """The first event of `kind`, once it arrived."""
-        async with asyncio.timeout(wait_s):
-            while True:
-                found = of_kind(self.events, kind)
-                if found:
-                    return found[0]
-                if self.task.done():
-                    self.task.result()
-                    raise AssertionError(f"stream ended without {kind}: {kinds(self.events)}")
-                self._arrived.clear()
-                await self._arrived.wait()
-
-    async def end(self, wait_s: float = 20.0) -> list[epb.RunEvent]:
-        try:
-            async with asyncio.timeout(wait_s):
-                await self.task
-        except TimeoutError:
-            raise AssertionError(f"the stream did not end: {kinds(self.events)}") from None
-        return self.events
-
-
-async def waiting_run(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> pb.Run:
-    """The run once it waits (it parks a moment after permission_required is sent; until
-    then it is running, with the request already listed)."""
-    async with asyncio.timeout(10):
-        while True:
-            run = (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
-            assert run.pending_permissions
-            if run.status == pb.RUN_STATUS_AWAITING_APPROVAL:
-                return run
-            assert run.status == pb.RUN_STATUS_RUNNING
-            await asyncio.sleep(0.01)
-
-
-def reason_of(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)
-    assert status is not None
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info.reason
-    return ""
-
-
-def resolve(
-    run_id: str, request_id: str, decision: int, *, tenant: str = "tenant-1", **kwargs: str
-) -> pb.ResolvePermissionRequest:
-    return pb.ResolvePermissionRequest(
-        run_id=run_id,
-        tenant=tenant,
-        permission_request_id=request_id,
-        decision=decision,
-        **kwargs,
-    )
 
 
 async def test_a_read_only_tool_runs_without_approval_and_the_reply_quotes_it(

@@ -10,7 +10,9 @@ import grpc
 from roundtable.telemetry.setup import telemetry_from_env
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
+from support.approvals import tool_request
 from support.builders import collect, finals, member, start_request
+from support.mcp_server import McpServerProcess
 from support.openai_server import Fail, OpenAITestServer, Reply
 from support.otlp import OtlpReceiver
 from support.stores import written_bytes
@@ -73,3 +75,41 @@ async def test_secret_never_leaves_the_runtime_context(start_server, store_url, 
     assert any(persona in body for body in sent)
     assert all(secret not in body for body in sent)
     assert {r.authorization for r in model_server.requests} == {f"Bearer {secret}"}
+
+
+async def test_a_tool_servers_token_never_leaves_the_runtime_context(
+    start_server, store_url, caplog, tmp_path
+) -> None:
+    """The bearer token of a tool server (StartRunRequest.credentials, named by
+    ToolServer.credential_ref) reaches the tool server and nothing else: not the store, the
+    events, the logs (DEBUG included: the MCP SDK logs messages there) or the spans."""
+    secret = f"tool-canary-{uuid.uuid4().hex}"
+    caplog.set_level(logging.DEBUG)
+    mcp = await McpServerProcess(tmp_path / "mcp.log", token=secret).start()
+    try:
+        request = tool_request("use weather for Paris", mcp, "tool-canary")
+        request.snapshot.session.tool_servers[0].credential_ref = "tools"
+        request.credentials["tools"] = secret
+        with OtlpReceiver() as receiver:
+            telemetry = telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+            async with start_server(telemetry=telemetry) as server:
+                async with grpc.aio.insecure_channel(server.address) as channel:
+                    events = await collect(
+                        pb_grpc.OrchestratorServiceStub(channel).StartRun(request)
+                    )
+                telemetry.force_flush()
+        ran = mcp.counts("weather")
+    finally:
+        await mcp.stop()
+    (final,) = finals(events)
+    assert "Sunny, 21°C in Paris" in final.content, "the token was accepted by the server"
+    assert ran == {"tool-canary#0/1": 1}
+    assert any(s.name == "execute_tool weather" for s in receiver.spans)
+    places = {
+        "database": written_bytes(store_url).decode("utf-8", "replace"),
+        "event stream": "".join(e.SerializeToString().decode("utf-8", "replace") for e in events),
+        "logs": "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records),
+        "spans": json.dumps([(s.name, s.attributes) for s in receiver.spans], default=str),
+    }
+    for where, text in places.items():
+        assert secret not in text, f"the tool server's token leaked into the {where}"

@@ -1,0 +1,127 @@
+"""A member's tool loop over a real server and a real MCP server: the per-speaker budget, a
+parallel group where one speaker waits for approval, and calls the member may not make."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+from roundtable.domain.snapshot import ModelTarget
+from roundtable.models.base import ChatCall, ChatResult, ModelToolCall, TextSink
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.approvals import Reader, tool_request, waiting_run
+from support.builders import collect, finals, kinds, member, model_ref, of_kind
+from support.mcp_server import McpServerProcess
+
+
+@dataclass
+class EagerTools:
+    """A model that calls `tool` whenever it may, and answers once it may not."""
+
+    tool: str = "weather"
+    name: str = "eager"
+    calls: list[ChatCall] = field(default_factory=list)
+
+    async def complete(
+        self, target: ModelTarget, call: ChatCall, *, api_key: str | None, on_text: TextSink | None
+    ) -> ChatResult:
+        self.calls.append(call)
+        if call.tools:
+            n = sum(1 for m in call.messages if m.role == "tool") + 1
+            arguments = json.dumps({"city": f"City{n}"})
+            return ChatResult(tool_calls=(ModelToolCall(f"c{n}", self.tool, arguments),))
+        results = [m.content for m in call.messages if m.role == "tool"]
+        return ChatResult(text=f"I looked {len(results)} times: {'; '.join(results)}")
+
+
+async def run_with(start_server, provider: EagerTools, request: pb.StartRunRequest) -> list:
+    """The run's events on a server that knows the `eager` provider."""
+    async with (
+        start_server(providers={"eager": provider}) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        return await collect(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
+
+
+async def test_a_speaker_makes_at_most_its_budget_of_tool_calls_then_answers(
+    start_server, mcp: McpServerProcess
+) -> None:
+    provider = EagerTools()
+    request = tool_request("what's the weather?", mcp, "budget")
+    request.snapshot.members[0].model.CopyFrom(model_ref("eager"))
+    request.snapshot.session.budgets.max_tool_calls_per_speaker = 2
+    events = await run_with(start_server, provider, request)
+    (final,) = finals(events)
+    assert [t.call_id for t in final.tool_calls] == ["budget#0/1", "budget#0/2"]
+    assert "City1" in final.content and "City2" in final.content
+    assert mcp.counts("weather") == {"budget#0/1": 1, "budget#0/2": 1}
+    last = provider.calls[-1]
+    assert not last.tools, "past the budget the model is asked without tools"
+    assert "used all the tool calls" in last.messages[-1].content
+    assert final.attempts == 3, "three model calls made the reply"
+
+
+async def test_a_call_to_a_tool_the_member_may_not_use_is_refused_without_running(
+    start_server, mcp: McpServerProcess
+) -> None:
+    provider = EagerTools(tool="note")
+    request = tool_request("what's the weather?", mcp, "not-mine")
+    mei = request.snapshot.members[0]
+    mei.model.CopyFrom(model_ref("eager"))
+    del mei.tool_names[:]
+    mei.tool_names.append("weather")  # the model asks for note anyway
+    request.snapshot.session.budgets.max_tool_calls_per_speaker = 1
+    events = await run_with(start_server, provider, request)
+    (final,) = finals(events)
+    assert [(t.tool_name, t.outcome) for t in final.tool_calls] == [
+        ("note", epb.TOOL_CALL_OUTCOME_FAILED)
+    ]
+    assert "No tool named 'note'" in final.content
+    assert mcp.counts("note") == {}
+    assert not of_kind(events, "permission_required")
+
+
+async def test_in_a_parallel_group_the_others_finish_while_one_speaker_waits(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    request = tool_request("@all use note for buy milk", mcp, "par-wait")
+    request.snapshot.session.kind = spb.SESSION_KIND_GROUP
+    request.snapshot.session.speaker_concurrency = spb.SPEAKER_CONCURRENCY_PARALLEL
+    request.snapshot.members.extend([member("kai", "Kai"), member("lin", "Lin")])
+    reader = Reader(stub.StartRun(request))
+    asked = (await reader.until("permission_required")).permission_required
+    assert asked.member_id == "mei"
+    run = await waiting_run(stub, "par-wait")
+    # The two without tools answered; the one waiting holds the run.
+    assert sorted(f.member_id for f in finals(reader.events)) == ["kai", "lin"]
+    assert list(run.finished_reply_ids) == ["par-wait#1", "par-wait#2"]
+    await stub.ResolvePermission(
+        pb.ResolvePermissionRequest(
+            run_id="par-wait",
+            tenant="tenant-1",
+            permission_request_id=asked.permission_request_id,
+            decision=pb.PERMISSION_DECISION_APPROVE,
+        )
+    )
+    events = await reader.end()
+    assert kinds(events)[-1] == "run_completed"
+    assert sorted(f.member_id for f in finals(events)) == ["kai", "lin", "mei"]
+    assert [r.member_id for r in events[-1].run_completed.replies] == ["mei", "kai", "lin"]
+    assert mcp.counts("note") == {asked.permission_request_id: 1}
+
+
+@pytest.mark.parametrize("text", ["use weather for Paris", "用 weather 查 巴黎"])
+async def test_the_offline_model_calls_a_named_tool_in_either_language(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess, text: str
+) -> None:
+    events = await collect(stub.StartRun(tool_request(text, mcp, f"lang-{len(text)}")))
+    (final,) = finals(events)
+    city = "Paris" if text.startswith("use") else "巴黎"
+    assert f"Sunny, 21°C in {city}" in final.content
+    quoted = "weather says" if text.startswith("use") else "weather 的结果"
+    assert quoted in final.content
