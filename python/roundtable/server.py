@@ -40,8 +40,9 @@ from roundtable.models.openai_compat import build_openai_provider
 from roundtable.runs.coordination import Coordination, LocalCoordination, SharedCoordination
 from roundtable.runs.execution import Executor
 from roundtable.runs.follow import Follower
+from roundtable.runs.identity import default_owner
 from roundtable.runs.log import EventLog
-from roundtable.runs.manager import RunManager, default_owner
+from roundtable.runs.manager import RunManager
 from roundtable.runs.registry import LiveRegistry
 from roundtable.settings import Settings
 from roundtable.store.base import RunStore
@@ -234,6 +235,18 @@ def _add_standard_services(server: grpc.aio.Server) -> HealthServicer:
     return health
 
 
+def _tool_harness(harness: Harness, telemetry: Telemetry) -> tuple[McpPool, ToolHarness]:
+    """The pool of MCP sessions (closed by the caller) and the harness every tool call goes
+    through. The SDK itself loads on the first tool call, so a server whose members call
+    no tools never pays for it; tool servers' breakers share the model harness's board
+    (their keys, `mcp:<server_id>`, never meet a model's)."""
+    pool = McpPool()
+    tools = ToolHarness(
+        pool, breakers=harness.breakers, tracer=telemetry.active_tracer("roundtable.tools")
+    )
+    return pool, tools
+
+
 @contextlib.asynccontextmanager
 async def running_server(
     settings: Settings,
@@ -268,14 +281,7 @@ async def running_server(
         tracer=telemetry.active_tracer("roundtable.harness"),
         metrics=metrics,
     )
-    # Tool servers are reached through one pool of MCP sessions; the SDK itself loads on
-    # the first tool call, so a server whose members call no tools never pays for it.
-    pool = McpPool()
-    tools = ToolHarness(
-        pool,
-        breakers=harness.breakers,
-        tracer=telemetry.active_tracer("roundtable.tools"),
-    )
+    pool, tools = _tool_harness(harness, telemetry)
     manager = build_run_manager(
         settings,
         store,

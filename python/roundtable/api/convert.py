@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from roundtable.api.limits import RequestLimits
 from roundtable.api.wire import ReceivedStartRun
-from roundtable.codec.events import permission_to_proto, plan_steps_to_proto, timestamp
+from roundtable.codec.events import plan_steps_to_proto, timestamp
 from roundtable.codec.fingerprint import fingerprint, legacy_fingerprint
+from roundtable.codec.tool_events import permission_to_proto
 from roundtable.domain.events import PermissionRequired
 from roundtable.domain.snapshot import (
     OFFLINE_MODEL,

@@ -9,16 +9,19 @@ bytes that were sent live, with the same seq.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from roundtable.codec.tool_events import (
+    decode_permission,
+    encode_permission,
+    tool_calls_from_proto,
+    tool_calls_to_proto,
+)
 from roundtable.domain import events as ev
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, Route
-from roundtable.domain.tools import ToolCallSummary, ToolOutcome
 from roundtable.v1 import events_pb2 as epb
 
 _ROUTE = {Route.SINGLE: epb.ROUTE_SINGLE, Route.GROUP: epb.ROUTE_GROUP}
@@ -48,13 +51,6 @@ _ACTION = {
     ev.MemoryAction.FORGET: epb.MEMORY_ACTION_FORGET,
 }
 
-_OUTCOME = {
-    ToolOutcome.OK: epb.TOOL_CALL_OUTCOME_OK,
-    ToolOutcome.DENIED: epb.TOOL_CALL_OUTCOME_DENIED,
-    ToolOutcome.EXPIRED: epb.TOOL_CALL_OUTCOME_EXPIRED,
-    ToolOutcome.FAILED: epb.TOOL_CALL_OUTCOME_FAILED,
-}
-
 
 def _inverse(table: Mapping[Any, Any]) -> dict[int, Any]:
     return {int(wire): domain for domain, wire in table.items()}
@@ -65,7 +61,6 @@ _DIRECTIVE_IN = _inverse(_DIRECTIVE)
 _SOURCE_IN = _inverse(_SOURCE)
 _FINISH_IN = _inverse(_FINISH)
 _ACTION_IN = _inverse(_ACTION)
-_OUTCOME_IN = _inverse(_OUTCOME)
 
 KINDS: dict[type, str] = {
     ev.RunStarted: "run_started",
@@ -154,55 +149,7 @@ def _assistant_final(e: ev.AssistantFinal, out: epb.RunEvent) -> None:
     f.finish_reason, f.attempts = _FINISH[e.finish_reason], e.attempts
     f.output_tokens_counted = e.usage.counted
     if e.tool_calls:
-        f.tool_calls.extend(
-            epb.ToolCallSummary(
-                call_id=t.call_id, tool_name=t.tool_name, outcome=_OUTCOME[t.outcome]
-            )
-            for t in e.tool_calls
-        )
-
-
-def _permission_required(e: ev.PermissionRequired, out: epb.RunEvent) -> None:
-    _permission(e, out.permission_required)
-
-
-def permission_to_proto(e: ev.PermissionRequired) -> epb.PermissionRequired:
-    """A permission request as the contract's message (GetRun lists the waiting ones)."""
-    out = epb.PermissionRequired()
-    _permission(e, out)
-    return out
-
-
-def _permission(e: ev.PermissionRequired, p: epb.PermissionRequired) -> None:
-    p.permission_request_id, p.member_id, p.reply_id, p.step = (
-        e.permission_request_id,
-        e.member_id,
-        e.reply_id,
-        e.step,
-    )
-    p.action = p.tool_name = e.tool_name
-    p.arguments_json = e.arguments_json
-    arguments = arguments_struct(e.arguments_json)
-    if arguments is not None:
-        p.arguments.CopyFrom(arguments)
-    whole = int(e.expires_at)
-    p.expires_at.seconds, p.expires_at.nanos = whole, int((e.expires_at - whole) * 1e9)
-
-
-def arguments_struct(arguments_json: str) -> Struct | None:
-    """Tool arguments as a Struct, when they are a JSON object (None otherwise)."""
-    try:
-        value = json.loads(arguments_json)
-    except ValueError:
-        return None
-    if not isinstance(value, dict):
-        return None
-    out = Struct()
-    try:
-        out.update(value)
-    except (ValueError, TypeError):  # a value Struct cannot hold (a huge integer, say)
-        return None
-    return out
+        f.tool_calls.extend(tool_calls_to_proto(e.tool_calls))
 
 
 def _speaker_failed(e: ev.SpeakerFailed, out: epb.RunEvent) -> None:
@@ -261,7 +208,7 @@ _ENCODE: dict[type, Callable[[Any, epb.RunEvent], None]] = {
     ev.AssistantFinal: _assistant_final,
     ev.SpeakerFailed: _speaker_failed,
     ev.MemoryProposed: _memory_proposed,
-    ev.PermissionRequired: _permission_required,
+    ev.PermissionRequired: lambda e, out: encode_permission(e, out.permission_required),
     ev.RunCancelled: _run_cancelled,
     ev.RunCompleted: _run_completed,
     ev.RunFailed: _run_failed,
@@ -341,26 +288,7 @@ def _decode_final(f: epb.AssistantFinal) -> ev.AssistantFinal:
         usage=_usage_in(f.usage, f.output_tokens_counted),
         finish_reason=_FINISH_IN.get(f.finish_reason, ev.FinishReason.STOP),
         attempts=f.attempts,
-        tool_calls=tuple(
-            ToolCallSummary(
-                call_id=t.call_id,
-                tool_name=t.tool_name,
-                outcome=_OUTCOME_IN.get(t.outcome, ToolOutcome.FAILED),
-            )
-            for t in f.tool_calls
-        ),
-    )
-
-
-def _decode_permission(p: epb.PermissionRequired) -> ev.PermissionRequired:
-    return ev.PermissionRequired(
-        permission_request_id=p.permission_request_id,
-        reply_id=p.reply_id,
-        member_id=p.member_id,
-        step=p.step,
-        tool_name=p.tool_name or p.action,
-        arguments_json=p.arguments_json,
-        expires_at=p.expires_at.seconds + p.expires_at.nanos / 1e9,
+        tool_calls=tool_calls_from_proto(f.tool_calls),
     )
 
 
@@ -402,7 +330,7 @@ _DECODE: dict[str, Callable[[Any], ev.Event]] = {
         attempts=f.attempts,
     ),
     "memory_proposed": _decode_memory,
-    "permission_required": _decode_permission,
+    "permission_required": decode_permission,
     "run_cancelled": lambda c: ev.RunCancelled(
         reason=c.reason,
         finished_reply_ids=tuple(c.finished_reply_ids),

@@ -21,12 +21,8 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from roundtable.domain.events import (
-    ReplySummary,
-    RunCancelled,
-    RunCompleted,
     RunFailed,
     RunStarted,
-    TokenUsage,
 )
 from roundtable.domain.plan import DirectiveKind, Route
 from roundtable.domain.snapshot import SessionKind
@@ -46,7 +42,7 @@ from roundtable.runs.continuation import claim_continuation
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
-from roundtable.runs.progress import Progress
+from roundtable.runs.progress import cancelled_event, completed_event
 from roundtable.runs.registry import SHUTDOWN_REASON, LiveRegistry
 from roundtable.runs.sink import RunSink
 from roundtable.store.base import LeaseLost, RunRecord, RunStatus
@@ -191,7 +187,7 @@ class Executor:
             state = await self._through_graph(live, launch, sink)
             if state is None:
                 return  # taken over by another replica before the graph started
-            await sink.emit(_completed(state, live.progress))
+            await sink.emit(completed_event(state, live.progress))
             status = RunStatus.SUCCEEDED
         except Parked as parked:
             # Waiting for a person: no terminal event (the execution goes on once a decision
@@ -200,7 +196,7 @@ class Executor:
             wake_at = parked.expires_at
             waiting = parked.call_keys
         except Drained as stop:
-            await sink.emit(_cancelled(stop.reason, live.progress))
+            await sink.emit(cancelled_event(stop.reason, live.progress))
             # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
             # same StartRun comes again, on this server or the next.
             status = (
@@ -214,7 +210,7 @@ class Executor:
                 # The process is stopping: the run is interrupted, not cancelled by anyone.
                 status = RunStatus.INTERRUPTED
                 raise
-            await sink.emit(_cancelled(live.stop.reason or "cancel_requested", live.progress))
+            await sink.emit(cancelled_event(live.stop.reason or "cancel_requested", live.progress))
             status = RunStatus.CANCELLED
         except LeaseLost:
             raise  # nothing more may be written: not even run_failed
@@ -401,24 +397,3 @@ class Executor:
             self.registry.park(live, launch, wake_at)
         else:
             self.registry.forget(live)
-
-
-def _completed(state: dict[str, Any], progress: Progress) -> RunCompleted:
-    replies = [r for r in state.get("replies", []) if not r["failed"]]
-    return RunCompleted(
-        replies=tuple(
-            ReplySummary(reply_id=r["reply_id"], member_id=r["member_id"], step=r["step"])
-            for r in sorted(replies, key=lambda r: r["step"])
-        ),
-        usage=TokenUsage(state.get("input_tokens", 0), state.get("output_tokens", 0)),
-        converged=bool(state.get("converged", True)),
-        rounds=max(progress.rounds, int(state.get("round", 0))),
-    )
-
-
-def _cancelled(reason: str, progress: Progress) -> RunCancelled:
-    return RunCancelled(
-        reason=reason,
-        finished_reply_ids=tuple(progress.finished_reply_ids),
-        steps_left=tuple(progress.steps_left),
-    )

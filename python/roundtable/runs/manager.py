@@ -15,19 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 import time
-import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from opentelemetry import trace
-
-from roundtable.codec.fingerprint import is_current
 from roundtable.domain.errors import (
     Draining,
-    RunAlreadyExists,
     RunNotFound,
     StreamGap,
 )
@@ -39,6 +32,7 @@ from roundtable.runs.coordination import Coordination
 from roundtable.runs.decisions import StartAction, decide_start
 from roundtable.runs.execution import Executor, Launch
 from roundtable.runs.follow import Follower
+from roundtable.runs.identity import LegacyFingerprint, check_fingerprint, trace_context
 from roundtable.runs.live import LiveRun, Subscription
 from roundtable.runs.log import EventLog
 from roundtable.runs.parking import Parking
@@ -47,20 +41,6 @@ from roundtable.runs.registry import LiveRegistry
 from roundtable.runs.replay import replay
 from roundtable.runs.threads import claim_thread
 from roundtable.store.base import ACTIVE, RESUMABLE, RunRecord, RunStatus
-
-LegacyFingerprint = Callable[[], str]
-"""Computes a request's fingerprint as older versions did (only on a mismatch)."""
-
-
-def default_owner() -> str:
-    """A replica id unique to this process: host, pid and a random suffix."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _trace_context() -> str:
-    """The current span as `<trace_id>-<span_id>`, or "" when nothing is traced."""
-    span = trace.get_current_span().get_span_context()
-    return f"{span.trace_id:032x}-{span.span_id:016x}" if span.is_valid else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +113,7 @@ class RunManager:
             live = await self._settled(ctx.tenant, ctx.run_id)
             record = live.record if live else await self.log.store.get_run(ctx.tenant, ctx.run_id)
             if record is not None:
-                _check_fingerprint(record, request, legacy_fingerprint)
+                check_fingerprint(record, request, legacy_fingerprint)
             action = decide_start(
                 live,
                 None if live else record,
@@ -207,7 +187,7 @@ class RunManager:
                 # it runs it, we follow (and take it over should it die).
                 raced = await self.log.store.get_run(ctx.tenant, ctx.run_id)
                 assert raced is not None
-                _check_fingerprint(raced, request, legacy)
+                check_fingerprint(raced, request, legacy)
                 return self._follow_start(raced, request, credentials, legacy)
             prior: list[Envelope] = []
             unparks = False
@@ -250,7 +230,7 @@ class RunManager:
             status=RunStatus.QUEUED if queued else RunStatus.RUNNING,
             created_at=now,
             updated_at=now,
-            trace_context=_trace_context(),
+            trace_context=trace_context(),
             owner=self.owner,
             lease_until=now + self.lease_s,
         )
@@ -402,15 +382,3 @@ class RunManager:
     def live_count(self) -> int:
         """Runs executing now."""
         return len(self.registry)
-
-
-def _check_fingerprint(
-    record: RunRecord, request: RunRequest, legacy: LegacyFingerprint | None
-) -> None:
-    if record.fingerprint == request.fingerprint:
-        return
-    # A run recorded by an older version: compare with the fingerprint it computed (only
-    # here, on a mismatch, so the common path never pays for a second hash).
-    if legacy is not None and not is_current(record.fingerprint) and record.fingerprint == legacy():
-        return
-    raise RunAlreadyExists(f"run {record.run_id!r}")

@@ -15,12 +15,12 @@ import dataclasses
 import time
 
 from roundtable.domain.errors import TooManyRuns
-from roundtable.domain.events import RunCancelled
 from roundtable.domain.tools import Verdict
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.execution import Executor
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
+from roundtable.runs.progress import cancelled_event
 from roundtable.runs.registry import LiveRegistry
 from roundtable.store.base import RunRecord, RunStatus
 
@@ -113,11 +113,7 @@ class Parking:
         if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
             return False
         progress = await self.log.progress(record)
-        cancelled = RunCancelled(
-            reason=reason,
-            finished_reply_ids=tuple(progress.finished_reply_ids),
-            steps_left=tuple(progress.steps_left),
-        )
+        cancelled = cancelled_event(reason, progress)
         record.last_seq = await self.log.append(record, cancelled, owner=owner)
         record.status = RunStatus.CANCELLED
         return await store.finish_run(record, owner)

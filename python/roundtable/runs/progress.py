@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from roundtable.domain.events import (
     AssistantFinal,
@@ -16,6 +17,9 @@ from roundtable.domain.events import (
     MemoryProposed,
     PermissionRequired,
     PlanCreated,
+    ReplySummary,
+    RunCancelled,
+    RunCompleted,
     SpeakerFailed,
     TokenUsage,
 )
@@ -78,3 +82,26 @@ class Progress:
     def finished_reply_ids(self) -> list[str]:
         """Replies that are final (failed speakers excluded), in step order."""
         return [s.reply_id for s in self.steps if self.finished.get(s.reply_id) is not None]
+
+
+def completed_event(state: dict[str, Any], progress: Progress) -> RunCompleted:
+    """The run_completed of an execution whose graph ended with `state`."""
+    replies = [r for r in state.get("replies", []) if not r["failed"]]
+    return RunCompleted(
+        replies=tuple(
+            ReplySummary(reply_id=r["reply_id"], member_id=r["member_id"], step=r["step"])
+            for r in sorted(replies, key=lambda r: r["step"])
+        ),
+        usage=TokenUsage(state.get("input_tokens", 0), state.get("output_tokens", 0)),
+        converged=bool(state.get("converged", True)),
+        rounds=max(progress.rounds, int(state.get("round", 0))),
+    )
+
+
+def cancelled_event(reason: str, progress: Progress) -> RunCancelled:
+    """The run_cancelled of a run stopped for `reason`, with what it finished and left."""
+    return RunCancelled(
+        reason=reason,
+        finished_reply_ids=tuple(progress.finished_reply_ids),
+        steps_left=tuple(progress.steps_left),
+    )
