@@ -198,6 +198,13 @@ def _grpc_server(settings: Settings, auth: Authenticator, telemetry: Telemetry) 
             # reads (a message being read gets its whole length), so a refused call's body
             # stays on the wire. A 16 MB request was no slower: 96 ms against 341 ms.
             ("grpc.http2.bdp_probe", 0),
+            # A stream attached to a run that waits for approval is idle for minutes or days:
+            # a ping every minute keeps proxies and NATs from dropping it as dead, and finds
+            # a client that went away (its stream is then detached) within 20 s more.
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.http2.max_pings_without_data", 0),
             # Leave room above our own limit so an oversized request gets our precise
             # INVALID_ARGUMENT instead of the transport's RESOURCE_EXHAUSTED.
             (

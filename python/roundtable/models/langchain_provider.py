@@ -1,9 +1,15 @@
-"""Adapts any LangChain chat model to the `ChatProvider` interface."""
+"""Adapts any LangChain chat model to the `ChatProvider` interface.
+
+`LangChainProvider` streams replies (text, and tool calls with tools bound) and asks for
+structured output, for the offline model and as the base of the OpenAI-compatible
+provider. What it shares with that provider's own tool stream lives apart: how a streamed
+reply is bounded, stopped and finished in models/streaming.py, tool calls in and out in
+models/tool_calls.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -15,9 +21,7 @@ from langchain_core.messages import (
     AIMessageChunk,
     BaseMessage,
     HumanMessage,
-    InvalidToolCall,
     SystemMessage,
-    ToolCall,
     ToolMessage,
 )
 from langchain_core.runnables import Runnable
@@ -25,15 +29,8 @@ from langchain_core.runnables import Runnable
 from roundtable.domain.errors import InvalidModelOutput, ModelError, ModelRejected, ModelUnavailable
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
-from roundtable.models.base import (
-    ChatCall,
-    ChatMessage,
-    ChatResult,
-    ModelFactory,
-    ModelToolCall,
-    TextSink,
-    reply_char_bound,
-)
+from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ModelFactory, TextSink
+from roundtable.models.streaming import STOP_GRACE_CHUNKS, OutputBudget, finish_reply, stop_now
 from roundtable.models.structured import (
     SchemaRefusals,
     StructuredForm,
@@ -41,7 +38,7 @@ from roundtable.models.structured import (
     response_format,
     with_instruction,
 )
-from roundtable.models.tool_calls import ToolCallAccumulator, openai_tools
+from roundtable.models.tool_calls import ToolCallAccumulator, langchain_tool_calls, openai_tools
 
 log = logging.getLogger(__name__)
 
@@ -69,37 +66,11 @@ def to_langchain(messages: tuple[ChatMessage, ...]) -> list[BaseMessage]:
         if m.role == "tool":
             out.append(ToolMessage(content=m.content, tool_call_id=m.tool_call_id))
         elif m.role == "assistant" and m.tool_calls:
-            valid: list[ToolCall] = []
-            invalid: list[InvalidToolCall] = []
-            for call in m.tool_calls:
-                args = _json_object(call.arguments_json)
-                if args is None:
-                    invalid.append(
-                        InvalidToolCall(
-                            type="invalid_tool_call",
-                            name=call.name,
-                            args=call.arguments_json,
-                            id=call.call_id,
-                            error=None,
-                        )
-                    )
-                else:
-                    valid.append(
-                        ToolCall(type="tool_call", name=call.name, args=args, id=call.call_id)
-                    )
+            valid, invalid = langchain_tool_calls(m.tool_calls)
             out.append(AIMessage(content=m.content, tool_calls=valid, invalid_tool_calls=invalid))
         else:
             out.append(_ROLE_TO_MESSAGE[m.role](content=m.content))
     return out
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    """`text` parsed, when it is a JSON object (tool arguments are one); else None."""
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _usage(message: AIMessage | AIMessageChunk | None) -> TokenUsage:
@@ -107,67 +78,6 @@ def _usage(message: AIMessage | AIMessageChunk | None) -> TokenUsage:
     if not meta:
         return TokenUsage()
     return TokenUsage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
-
-
-STOP_GRACE_CHUNKS = 256
-"""Chunks a stream may still deliver after its budget is spent (already buffered when the
-stop landed) before it is left without waiting for the stop."""
-
-
-class OutputBudget:
-    """A streamed reply's output budget: its call's `max_tokens`, counted by streamed
-    chunks (one chunk is one token, as OpenAI-compatible servers stream them), and its
-    character bound (`reply_char_bound`).
-
-    The provider stops reading once the budget is spent, so a server that ignores
-    `max_tokens` (or streams megabytes in one chunk) cannot make a reply unbounded.
-    """
-
-    __slots__ = ("chars_left", "chunks", "max_tokens", "overrun", "spent")
-
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
-        self.chars_left = reply_char_bound(max_tokens)
-        self.chunks = 0
-        """Chunks with text taken so far: the reply's output tokens when the server
-        reports none."""
-        self.spent = False
-        self.overrun = 0
-        """Chunks read after the budget was spent, before the stream stopped."""
-
-    def take(self, text: str) -> str:
-        """The part of a streamed chunk the budget admits ("" once spent)."""
-        if self.max_tokens > 0 and self.chunks >= self.max_tokens:
-            self.spent = True
-            return ""
-        if len(text) > self.chars_left:
-            text = text[: self.chars_left]
-            self.spent = True
-        self.chunks += 1
-        self.chars_left -= len(text)
-        return text
-
-    def admits(self, chars: int) -> bool:
-        """Whether a streamed tool-call fragment of `chars` characters (its name and
-        arguments) fits, counted as one chunk like text; a fragment that does not fit
-        spends the budget, and is not cut: a call cut anywhere is no call."""
-        if (self.max_tokens > 0 and self.chunks >= self.max_tokens) or chars > self.chars_left:
-            self.spent = True
-            return False
-        self.chunks += 1
-        self.chars_left -= chars
-        return True
-
-
-def stop_now(stop: asyncio.Timeout) -> None:
-    """Ends a stream whose budget is spent by expiring its `stop` scope at once.
-
-    A cancellation, not a `break`: it lands where the stream waits for bytes, so every
-    generator of LangChain's and the SDK's stream unwinds and the HTTP response closes
-    now, and the server stops generating. Leaving the loop would close only the
-    outermost generator, and the connection whenever the garbage collector got to it.
-    """
-    stop.reschedule(asyncio.get_running_loop().time())
 
 
 class LangChainProvider:
@@ -295,7 +205,7 @@ class LangChainProvider:
     ) -> ChatResult:
         """Streams one reply: its text to `on_text` as it comes, and with `tool_calls` given,
         the tool calls of its chunks into it. Tool-call fragments count toward the output
-        budget like text; a reply cut at its budget carries no tool calls (see `_finish`)."""
+        budget like text; a reply cut at its budget carries no tool calls (see `finish_reply`)."""
         parts: list[str] = []
         usage: TokenUsage | None = None
         finish_reason = ""
@@ -343,45 +253,14 @@ class LangChainProvider:
         except TimeoutError:
             if not stop.expired():
                 raise  # not our stop: an outer deadline
-        return self._finish(parts, usage, finish_reason, budget, name, tool_calls)
-
-    def _finish(
-        self,
-        parts: list[str],
-        usage: TokenUsage | None,
-        finish_reason: str,
-        budget: OutputBudget,
-        name: str,
-        tool_calls: ToolCallAccumulator | None = None,
-    ) -> ChatResult:
-        """The result of a streamed reply, once its stream ended.
-
-        A reply cut at its budget finishes `length` and carries no tool calls: a call whose
-        arguments were cut must not run, and the caller sees a reply that ran out of budget.
-
-        Raises:
-            ModelUnavailable: the stream ended without a finish reason on a provider whose
-                streams end with one (it was cut off).
-        """
-        if budget.spent:
-            finish_reason = "length"
-        if not finish_reason:
-            if self._stream_ends_with_finish_reason:
-                # The connection closed before the stream's end (its finish reason; the
-                # SDK hides the `[DONE]` after it): a malformed stream, not a whole reply.
-                raise ModelUnavailable("stream ended before its finish_reason (cut off)")
-            finish_reason = "stop"
-        if usage is None:
-            usage = TokenUsage(output_tokens=budget.chunks, counted=True)
-        calls: tuple[ModelToolCall, ...] = ()
-        if tool_calls is not None and not budget.spent:
-            calls = tool_calls.calls()
-        return ChatResult(
-            text="".join(parts),
-            usage=usage,
-            finish_reason=finish_reason,
-            model=name,
-            tool_calls=calls,
+        return finish_reply(
+            parts,
+            usage,
+            finish_reason,
+            budget,
+            name,
+            tool_calls,
+            ends_with_finish_reason=self._stream_ends_with_finish_reason,
         )
 
     async def _structured(

@@ -11,11 +11,13 @@ Two rules shape the client we build:
 - Errors are mapped by type and HTTP status only. Provider error messages and bodies may
   echo the request (the prompt, sometimes the API key), so none of their text is copied
   into our errors.
+
+This module builds the provider and maps its errors; its calls with tools, which skip
+LangChain for the SDK's own client, are made in models/openai_tools.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import logging
@@ -37,17 +39,17 @@ from roundtable.domain.errors import (
     ModelTimeout,
     ModelUnavailable,
 )
-from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import ChatCall, ChatResult, ModelFactory, TextSink
-from roundtable.models.langchain_provider import (
-    STOP_GRACE_CHUNKS,
-    LangChainProvider,
-    OutputBudget,
-    stop_now,
+from roundtable.models.langchain_provider import LangChainProvider
+from roundtable.models.openai_tools import (
+    sdk_client,
+    stream_refusal,
+    stream_tool_reply,
+    tool_request,
+    unstreamed_tool_reply,
 )
 from roundtable.models.structured import SchemaRefusals
-from roundtable.models.tool_calls import ToolCallAccumulator, openai_messages, openai_tools
 
 log = logging.getLogger(__name__)
 
@@ -176,15 +178,10 @@ def retry_after_s(headers: Mapping[str, str]) -> float | None:
     return None
 
 
-STREAM_REFUSAL_STATUSES = frozenset({400, 422, 500, 501})
-"""HTTP statuses with which a server may refuse tools in a streamed request: llama.cpp
-before streamed tool calls (ggml-org/llama.cpp#12379) answers 500 ("Cannot use tools with
-stream"); others say 400 or 422. Judged by status alone, never by the server's words."""
-
-
 class OpenAICompatProvider(LangChainProvider):
     """The OpenAI-compatible provider: `LangChainProvider` over `ChatOpenAI`, except for calls
-    with tools, which go to the server through the openai SDK client of the same model.
+    with tools, which go to the server through the openai SDK client of the same model
+    (models/openai_tools.py).
 
     Why not LangChain for those too: its chunks drop the id llama.cpp's old dialect puts in
     `function.id` (the call would come back without one), and reading the SDK's own chunks
@@ -226,21 +223,28 @@ class OpenAICompatProvider(LangChainProvider):
         """A call the model may answer with tool calls, streamed (text to `on_text` as it
         comes); asked again without streaming when the server refuses tools in a stream,
         and for that target from then on."""
-        client = _sdk_client(model)
+        client = sdk_client(model)
         request = tool_request(target, call)
         if self._unstreamed.reason(target.base_url, target.model):
-            return await _unstreamed(client, request, call.max_tokens, on_text, name)
+            return await unstreamed_tool_reply(client, request, call.max_tokens, on_text, name)
         refusal: ModelError | None = None
         try:
-            return await self._tool_stream(client, request, call.max_tokens, on_text, name)
+            return await stream_tool_reply(
+                client,
+                request,
+                call.max_tokens,
+                on_text,
+                name,
+                ends_with_finish_reason=self._stream_ends_with_finish_reason,
+            )
         except Exception as exc:
-            refusal = _stream_refusal(self._map_error(exc))
+            refusal = stream_refusal(self._map_error(exc))
             if refusal is None:
                 raise
         # Asked again outside the handler, so the first error is not the second's
         # __context__ (the SDK's errors hold the request). A server that fails this one too
         # raises that error, as any failed call does, and is not remembered.
-        result = await _unstreamed(client, request, call.max_tokens, on_text, name)
+        result = await unstreamed_tool_reply(client, request, call.max_tokens, on_text, name)
         self._unstreamed.remember(target.base_url, target.model, refusal.detail)
         log.warning(
             "%s refused tools in a streamed request (%s); its tool calls are not streamed",
@@ -248,150 +252,6 @@ class OpenAICompatProvider(LangChainProvider):
             refusal.detail,
         )
         return result
-
-    async def _tool_stream(
-        self,
-        client: openai.AsyncOpenAI,
-        request: dict[str, Any],
-        max_tokens: int,
-        on_text: TextSink | None,
-        name: str,
-    ) -> ChatResult:
-        """Streams a reply with the SDK's own chunks, as `LangChainProvider._stream` does
-        with LangChain's: the same output budget, stop, finish reason and usage rules."""
-        parts: list[str] = []
-        usage: TokenUsage | None = None
-        finish_reason = ""
-        budget = OutputBudget(max_tokens)
-        calls = ToolCallAccumulator()
-        stop = asyncio.timeout(None)
-        try:
-            async with stop:
-                stream = await client.chat.completions.create(
-                    **request, stream=True, stream_options={"include_usage": True}
-                )
-                # `async with`: the response closes on every way out, a stop included.
-                async with stream:
-                    async for chunk in stream:
-                        if budget.spent:
-                            budget.overrun += 1
-                            if budget.overrun > STOP_GRACE_CHUNKS:
-                                break
-                            continue
-                        reported = getattr(chunk, "usage", None)
-                        if reported is not None:
-                            usage = _token_usage(reported)
-                        for choice in getattr(chunk, "choices", None) or ():
-                            delta = getattr(choice, "delta", None)
-                            text = getattr(delta, "content", None)
-                            if text:
-                                text = budget.take(text)
-                                if text:
-                                    parts.append(text)
-                                    if on_text is not None:
-                                        on_text(text)
-                            for piece in getattr(delta, "tool_calls", None) or ():
-                                if budget.spent:
-                                    break
-                                function = getattr(piece, "function", None)
-                                size = len(getattr(function, "name", None) or "") + len(
-                                    getattr(function, "arguments", None) or ""
-                                )
-                                if budget.admits(size):
-                                    calls.add_openai(piece)
-                            if budget.spent:
-                                stop_now(stop)
-                                break
-                            reason = getattr(choice, "finish_reason", None)
-                            if reason:
-                                finish_reason = str(reason)
-        except TimeoutError:
-            if not stop.expired():
-                raise  # not our stop: an outer deadline
-        return self._finish(parts, usage, finish_reason, budget, name, calls)
-
-
-def tool_request(target: ModelTarget, call: ChatCall) -> dict[str, Any]:
-    """The body of a chat completion request with tools (the stream options aside), its
-    fields as `ChatOpenAI` sends them for the same call without tools."""
-    request: dict[str, Any] = {
-        "model": target.model,
-        "messages": openai_messages(call.messages),
-        "tools": openai_tools(call.tools),
-    }
-    if call.max_tokens:
-        request["max_completion_tokens"] = call.max_tokens
-    if call.temperature is not None:
-        request["temperature"] = call.temperature
-    return request
-
-
-async def _unstreamed(
-    client: openai.AsyncOpenAI,
-    request: dict[str, Any],
-    max_tokens: int,
-    on_text: TextSink | None,
-    name: str,
-) -> ChatResult:
-    """A reply with tools asked for without streaming: its text goes to `on_text` in one
-    piece; the output budget bounds it as it bounds a stream."""
-    completion = await client.chat.completions.create(**request)
-    choices = getattr(completion, "choices", None) or ()
-    message = getattr(choices[0], "message", None) if choices else None
-    budget = OutputBudget(max_tokens)
-    text = budget.take(getattr(message, "content", None) or "")
-    if text and on_text is not None:
-        on_text(text)
-    calls = ToolCallAccumulator()
-    for position, entry in enumerate(getattr(message, "tool_calls", None) or ()):
-        function = getattr(entry, "function", None)
-        size = len(getattr(function, "name", None) or "") + len(
-            getattr(function, "arguments", None) or ""
-        )
-        if not budget.admits(size):
-            break
-        calls.add_openai(entry, index=position)
-    reported = getattr(completion, "usage", None)
-    usage = (
-        _token_usage(reported)
-        if reported is not None
-        else TokenUsage(output_tokens=budget.chunks, counted=True)
-    )
-    finish_reason = str(getattr(choices[0], "finish_reason", None) or "stop") if choices else "stop"
-    if budget.spent:
-        finish_reason = "length"
-    return ChatResult(
-        text=text,
-        usage=usage,
-        finish_reason=finish_reason,
-        model=name,
-        tool_calls=() if budget.spent else calls.calls(),
-    )
-
-
-def _token_usage(reported: Any) -> TokenUsage:
-    """The server's reported usage (`CompletionUsage`) as ours."""
-    return TokenUsage(
-        int(getattr(reported, "prompt_tokens", 0) or 0),
-        int(getattr(reported, "completion_tokens", 0) or 0),
-    )
-
-
-def _sdk_client(model: BaseChatModel) -> openai.AsyncOpenAI:
-    """The openai SDK client a `ChatOpenAI` built (its HTTP client, timeouts and
-    `max_retries=0` included)."""
-    client = getattr(model, "root_async_client", None)
-    if not isinstance(client, openai.AsyncOpenAI):
-        raise TypeError(f"{type(model).__name__} has no openai SDK client")
-    return client
-
-
-def _stream_refusal(error: ModelError | None) -> ModelError | None:
-    """The error, when it is the server answering a streamed request with tools with a
-    status that may mean "not in a stream" (`STREAM_REFUSAL_STATUSES`); None otherwise."""
-    if error is not None and error.http_status in STREAM_REFUSAL_STATUSES:
-        return error
-    return None
 
 
 def build_openai_provider(

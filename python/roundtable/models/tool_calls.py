@@ -14,6 +14,10 @@ all alike. `ToolCallAccumulator` assembles the four dialects seen in the wild
 
 LangChain's own chunk merging gets llamacpp-old wrong (the name comes out repeated, the id
 lost), so both providers assemble calls here from the fragments they see.
+
+The other way, the tools and the calls a prompt already holds go out in each client's
+format: `openai_tools` and `openai_messages` for OpenAI's (the SDK's requests, and
+`bind_tools`), `langchain_tool_calls` for an assistant message of LangChain's.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from langchain_core.messages import InvalidToolCall, ToolCall
 
 from roundtable.models.base import ChatMessage, ModelToolCall, ToolSpec
 
@@ -165,3 +171,37 @@ def openai_tool_call(call: ModelToolCall) -> dict[str, Any]:
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments_json},
     }
+
+
+def langchain_tool_calls(
+    calls: Iterable[ModelToolCall],
+) -> tuple[list[ToolCall], list[InvalidToolCall]]:
+    """An assistant message's tool calls as LangChain's `AIMessage` takes them: its
+    `tool_calls`, and in its `invalid_tool_calls` the calls whose arguments are not a JSON
+    object, sent back as the model gave them."""
+    valid: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for call in calls:
+        args = _json_object(call.arguments_json)
+        if args is None:
+            invalid.append(
+                InvalidToolCall(
+                    type="invalid_tool_call",
+                    name=call.name,
+                    args=call.arguments_json,
+                    id=call.call_id,
+                    error=None,
+                )
+            )
+        else:
+            valid.append(ToolCall(type="tool_call", name=call.name, args=args, id=call.call_id))
+    return valid, invalid
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """`text` parsed, when it is a JSON object (tool arguments are one); else None."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
