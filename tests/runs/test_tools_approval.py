@@ -220,3 +220,22 @@ async def test_bad_decisions_are_invalid_argument(stub: pb_grpc.OrchestratorServ
         if detail.Unpack(info):
             fields |= {v.field for v in info.field_violations}
     assert fields == {"permission_request_id", "edited_arguments_json"}
+
+
+async def test_a_stop_turn_ends_a_run_waiting_on_its_thread(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "s1")))
+    asked = (await reader.until("permission_required")).permission_required
+    await waiting_run(stub, "s1")
+    stop = tool_request("停止", mcp, "s2")  # the same thread, t-s1
+    stop.context.thread_id = "t-s1"
+    stopped = [r.event async for r in stub.StartRun(stop)]
+    assert kinds(stopped)[-1] == "run_completed"
+    events = await reader.end()
+    assert kinds(events)[-1] == "run_cancelled"
+    assert events[-1].run_cancelled.reason == "stop_directive"
+    assert mcp.counts("note") == {}
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await stub.ResolvePermission(resolve("s1", asked.permission_request_id, APPROVE))
+    assert "cancelled" in (late.value.details() or "")

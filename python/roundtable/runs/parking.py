@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from typing import Any
 
 from roundtable.domain.errors import TooManyRuns
 from roundtable.domain.tools import Verdict
@@ -45,10 +46,11 @@ class Parking:
         self.lock = lock
         """The run manager's: a resume and a StartRun of the same run never interleave."""
         self.lease_s = lease_s
-        self._tasks: set[asyncio.Task[bool]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._watch: asyncio.Task[None] | None = None
         registry.on_wake = self.wake
         registry.on_park = self._watching
+        registry.on_stop = self._stop_soon
 
     def _watching(self) -> None:
         """Starts the coordination's watch of parked runs, once, at the first park."""
@@ -59,6 +61,13 @@ class Parking:
         live = self.registry.get(*key)
         if live is not None:
             self.wake(live)
+
+    def _stop_soon(self, live: LiveRun) -> None:
+        """A new turn of the thread stops a run parked here (its stop is requested): in a
+        task, since the turn holds the lock a resume takes."""
+        task = asyncio.create_task(self.cancel(live))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def wake(self, live: LiveRun) -> None:
         """Resumes a parked run in a task of its own (a timer or a watch calls this)."""

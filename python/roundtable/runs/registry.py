@@ -36,6 +36,9 @@ class LiveRegistry:
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self.on_wake: Callable[[LiveRun], object] | None = None
         """Called when a parked run's first request expires (the manager resumes it)."""
+        self.on_stop: Callable[[LiveRun], object] | None = None
+        """Called when a parked run is asked to stop by a new turn of its thread (the
+        manager resumes it, its waiting calls denied, to end it)."""
         self.on_park: Callable[[], object] | None = None
         """Called when a run parks (the manager starts watching parked runs)."""
         self.draining = False
@@ -48,7 +51,11 @@ class LiveRegistry:
     def busy(self, tenant: str, thread_id: str) -> list[LocalRun]:
         """The thread's runs here that have not ended, oldest first."""
         runs = self._threads.get((tenant, thread_id), ())
-        return [LocalRun(live) for live in runs if not live.done.is_set()]
+        return [
+            LocalRun(live, self.on_stop if live.key in self._parked else None)
+            for live in runs
+            if not live.done.is_set()
+        ]
 
     def check_capacity(self, tenant: str) -> None:
         """Raises TooManyRuns when one more run would pass a limit."""

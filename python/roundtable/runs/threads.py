@@ -37,13 +37,17 @@ class BusyRun(Protocol):
 class LocalRun:
     """A thread's run executing in this process."""
 
-    def __init__(self, live: LiveRun) -> None:
+    def __init__(self, live: LiveRun, wake: Callable[[LiveRun], object] | None = None) -> None:
         self._live = live
+        self._wake = wake
+        """For a run parked for approval: what resumes it (to reach its stop)."""
         self.run_id = live.record.run_id
 
     async def stop(self, reason: str) -> None:
-        """Requests a graceful stop of the live run."""
+        """Requests a graceful stop of the live run (a parked one is resumed to stop)."""
         self._live.stop.request(reason)
+        if self._wake is not None:
+            self._wake(self._live)
 
     async def wait(self) -> None:
         """Waits for its execution to end (a run stopping gracefully finishes its speaker)."""
