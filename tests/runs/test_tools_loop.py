@@ -3,6 +3,7 @@ parallel group where one speaker waits for approval, and calls the member may no
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 
@@ -125,3 +126,49 @@ async def test_the_offline_model_calls_a_named_tool_in_either_language(
     assert f"Sunny, 21°C in {city}" in final.content
     quoted = "weather says" if text.startswith("use") else "weather 的结果"
     assert quoted in final.content
+
+
+async def test_a_parallel_speaker_resumed_after_approval_does_not_see_its_groups_replies(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    """Lin's call is denied and Lin answers; Mei, approved later, resumes in the same group:
+    parallel speakers never see each other's replies, a resumed one neither."""
+    request = tool_request("@Lin @Mei use note for buy milk", mcp, "par-see")
+    session = request.snapshot.session
+    session.kind = spb.SESSION_KIND_GROUP
+    session.speaker_concurrency = spb.SPEAKER_CONCURRENCY_PARALLEL
+    request.snapshot.members.append(member("lin", "Lin", tool_names=["note"]))
+    request.snapshot.user_turn.mentions.extend(["lin", "mei"])
+    reader = Reader(stub.StartRun(request))
+    await reader.until("permission_required")
+    async with asyncio.timeout(20):
+        while len(of_kind(reader.events, "permission_required")) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    asked = {
+        e.permission_required.member_id: e.permission_required
+        for e in reader.events
+        if e.HasField("permission_required")
+    }
+    for who, decision in (
+        ("lin", pb.PERMISSION_DECISION_DENY),
+        ("mei", pb.PERMISSION_DECISION_APPROVE),
+    ):
+        await stub.ResolvePermission(
+            pb.ResolvePermissionRequest(
+                run_id="par-see",
+                tenant="tenant-1",
+                permission_request_id=asked[who].permission_request_id,
+                decision=decision,
+                reason="不行" if who == "lin" else "",
+            )
+        )
+        if who == "lin":
+            async with asyncio.timeout(20):
+                while not finals(reader.events):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+    events = await reader.end()
+    by_member = {f.member_id: f.content for f in finals(events)}
+    assert "不行" in by_member["lin"]
+    assert "noted 'buy milk' (1)" in by_member["mei"]
+    # The offline model answers in Chinese when its prompt holds Chinese: Lin's reply would.
+    assert by_member["mei"].startswith("note says")

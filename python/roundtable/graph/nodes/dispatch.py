@@ -62,12 +62,16 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
     output_tokens = state.get("output_tokens", 0) + logged.output_tokens
     open_steps = [step_from_dict(s) for s in state.get("steps", []) if s["reply_id"] not in done]
     limit = ctx.request.snapshot.session.budgets.max_parallel_speakers
+    group_of = {
+        s["index"]: (s["round"], s.get("parallel_group", 0)) for s in state.get("steps", [])
+    }
     for batch in batches(open_steps):
         await _boundary(ctx)
+        seen = _before_group(replies, batch[0], group_of)
         if len(batch) == 1:
-            outcomes: list[SpeakerOutcome | None] = [await speak(ctx, batch[0], replies)]
+            outcomes: list[SpeakerOutcome | None] = [await speak(ctx, batch[0], seen)]
         else:
-            outcomes = await _together(ctx, batch, list(replies), limit)
+            outcomes = await _together(ctx, batch, seen, limit)
         for outcome in outcomes:
             if outcome is not None:
                 replies.append(outcome.reply)
@@ -80,6 +84,18 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
     }
+
+
+def _before_group(
+    replies: list[ReplyDict], first: PlanStep, group_of: dict[int, tuple[int, int]]
+) -> list[ReplyDict]:
+    """What a batch's speakers see: every reply but those of their own parallel group. A
+    resumed group (after a crash, or a wait for approval) has some of its speakers logged
+    already, and parallel speakers never see each other's replies."""
+    if not first.parallel_group:
+        return replies
+    group = (first.round, first.parallel_group)
+    return [r for r in replies if group_of.get(r["step"]) != group]
 
 
 async def _boundary(ctx: GraphContext) -> None:
