@@ -1,8 +1,9 @@
 // Command gateway-go is an example gateway for the Roundtable sidecar: it owns the
 // data (a JSON file standing in for its database), sends Roundtable one user turn as
 // an immutable snapshot, prints the conversation as it streams, persists the replies
-// once each, validates the memory proposals by its own rules, and re-attaches when the
-// stream drops. Its trace continues inside Roundtable.
+// once each, validates the memory proposals by its own rules, re-attaches when the
+// stream drops, and asks a person before a member's risky tool call runs. Its trace
+// continues inside Roundtable.
 //
 //	go build -o gateway-go . && ./gateway-go -text "大家报数！"
 package main
@@ -37,31 +38,33 @@ type options struct {
 	db                               string
 	dropAfter                        int
 	parallel                         bool
+	toolServer, approve              string
 	timeout                          time.Duration
 	security                         security
 }
 
 // Summary is the machine-readable last line of the output (`SUMMARY {...}`).
 type Summary struct {
-	RunID            string           `json:"run_id"`
-	ThreadID         string           `json:"thread_id"`
-	Tenant           string           `json:"tenant"`
-	RequestID        string           `json:"request_id"`
-	Status           string           `json:"status"` // completed, cancelled, failed or error
-	Replies          []ReplyResult    `json:"replies"`
-	AcceptedMemories []MemoryDecision `json:"accepted_memories"`
-	RejectedMemories []MemoryDecision `json:"rejected_memories"`
-	FailedSpeakers   []SpeakerFailure `json:"failed_speakers"`
-	MissingReplies   []string         `json:"missing_replies"`
-	Resumed          bool             `json:"resumed"`
-	Reattached       bool             `json:"reattached"`
-	Reattaches       int              `json:"reattaches"`
-	LastSeq          uint64           `json:"last_seq"`
-	EventsSkipped    int              `json:"events_skipped"`   // durable events delivered again, ignored by seq
-	DuplicateFinals  int              `json:"duplicate_finals"` // finals of replies already persisted
-	RetriedRun       bool             `json:"retried_run"`      // the run_id was in the store: its stored snapshot was sent again
-	TraceID          string           `json:"trace_id"`
-	Error            string           `json:"error,omitempty"`
+	RunID            string             `json:"run_id"`
+	ThreadID         string             `json:"thread_id"`
+	Tenant           string             `json:"tenant"`
+	RequestID        string             `json:"request_id"`
+	Status           string             `json:"status"` // completed, cancelled, failed or error
+	Replies          []ReplyResult      `json:"replies"`
+	AcceptedMemories []MemoryDecision   `json:"accepted_memories"`
+	RejectedMemories []MemoryDecision   `json:"rejected_memories"`
+	FailedSpeakers   []SpeakerFailure   `json:"failed_speakers"`
+	Permissions      []PermissionResult `json:"permissions"` // the run's permission requests and what became of each
+	MissingReplies   []string           `json:"missing_replies"`
+	Resumed          bool               `json:"resumed"`
+	Reattached       bool               `json:"reattached"`
+	Reattaches       int                `json:"reattaches"`
+	LastSeq          uint64             `json:"last_seq"`
+	EventsSkipped    int                `json:"events_skipped"`   // durable events delivered again, ignored by seq
+	DuplicateFinals  int                `json:"duplicate_finals"` // finals of replies already persisted
+	RetriedRun       bool               `json:"retried_run"`      // the run_id was in the store: its stored snapshot was sent again
+	TraceID          string             `json:"trace_id"`
+	Error            string             `json:"error,omitempty"`
 }
 
 func main() {
@@ -76,7 +79,9 @@ func main() {
 	flag.StringVar(&o.db, "db", "gateway-db.json", "the gateway's store, a JSON file")
 	flag.BoolVar(&o.parallel, "parallel", false, "a group's independent speakers answer at once (SPEAKER_CONCURRENCY_PARALLEL)")
 	flag.IntVar(&o.dropAfter, "drop-after", 0, "test hook: close the StartRun stream after N durable events, then re-attach")
-	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline for the whole turn")
+	flag.StringVar(&o.toolServer, "tool-server", "", "URL of an MCP server (streamable HTTP): members may call its weather (runs as called) and note (each call approved)")
+	flag.StringVar(&o.approve, "approve", ApproveAsk, "how tool calls that need approval are decided: ask (the person at the terminal), always or never")
+	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline for the whole turn, not counting the time spent answering approval prompts")
 	flag.StringVar(&o.security.tokenFile, "token-file", "", "a file holding the bearer token (or set ROUNDTABLE_TOKEN)")
 	flag.StringVar(&o.security.caFile, "tls-ca", "", "PEM roots to trust: connect with TLS")
 	flag.StringVar(&o.security.certFile, "tls-cert", "", "PEM client certificate (mutual TLS)")
@@ -95,9 +100,14 @@ func run(o options) int {
 	summary := Summary{
 		RunID: o.runID, ThreadID: o.threadID, Tenant: o.tenant, RequestID: o.request, Status: "error",
 		Replies: []ReplyResult{}, AcceptedMemories: []MemoryDecision{}, RejectedMemories: []MemoryDecision{},
-		FailedSpeakers: []SpeakerFailure{}, MissingReplies: []string{},
+		FailedSpeakers: []SpeakerFailure{}, MissingReplies: []string{}, Permissions: []PermissionResult{},
 	}
 	defer printSummary(&summary)
+	switch o.approve {
+	case ApproveAsk, ApproveAlways, ApproveNever:
+	default:
+		return fail(&summary, fmt.Errorf("-approve %q: want ask, always or never", o.approve))
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -144,7 +154,7 @@ func run(o options) int {
 	if err != nil {
 		return fail(&summary, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	ctx, clock, cancel := WithTurnClock(ctx, o.timeout) // paused while a person answers a prompt
 	defer cancel()
 	ctx, span := otel.Tracer("github.com/roundtable/roundtable/examples/gateway-go").Start(ctx, "gateway.turn",
 		trace.WithSpanKind(trace.SpanKindInternal),
@@ -171,6 +181,9 @@ func run(o options) int {
 		Out:         os.Stdout,
 		DropAfter:   o.dropAfter,
 		MaxFailures: 5,
+		Approve:     o.approve,
+		Prompt:      &Prompter{In: os.Stdin, Echo: !isTerminal(os.Stdin)},
+		Clock:       clock,
 	}
 	fmt.Printf("you: %s\n", request.GetSnapshot().GetUserTurn().GetText())
 	err = turn.Run(ctx)
@@ -180,6 +193,7 @@ func run(o options) int {
 	summary.AcceptedMemories = append(summary.AcceptedMemories, turn.accepted...)
 	summary.RejectedMemories = append(summary.RejectedMemories, turn.rejected...)
 	summary.FailedSpeakers = append(summary.FailedSpeakers, turn.failed...)
+	summary.Permissions = append(summary.Permissions, turn.Permissions()...)
 	summary.MissingReplies = append(summary.MissingReplies, turn.missing...)
 	summary.Resumed, summary.Reattached, summary.Reattaches = turn.resumed, turn.reattaches > 0, turn.reattaches
 	summary.LastSeq, summary.EventsSkipped, summary.DuplicateFinals = turn.lastSeq, turn.skipped, turn.dupFinals
@@ -236,6 +250,9 @@ func prepare(o options, store *Store) (*roundtablev1.StartRunRequest, bool, erro
 		if o.text != "" && o.text != snapshot.GetUserTurn().GetText() {
 			fmt.Fprintf(os.Stderr, "note: run %s is retried with its stored snapshot; -text is ignored\n", o.runID)
 		}
+		if o.toolServer != "" && !declares(snapshot, o.toolServer) {
+			fmt.Fprintf(os.Stderr, "note: run %s is retried with its stored snapshot; -tool-server is ignored\n", o.runID)
+		}
 		threadID = stored.ThreadID
 	} else {
 		var err error
@@ -244,6 +261,11 @@ func prepare(o options, store *Store) (*roundtablev1.StartRunRequest, bool, erro
 		}
 		if o.parallel {
 			snapshot.Session.SpeakerConcurrency = roundtablev1.SpeakerConcurrency_SPEAKER_CONCURRENCY_PARALLEL
+		}
+		if o.toolServer != "" {
+			if err := addTools(snapshot, o.toolServer); err != nil {
+				return nil, false, err
+			}
 		}
 		if snapshot.GetUserTurn().GetText() == "" && len(snapshot.GetUserTurn().GetMentions()) == 0 &&
 			!snapshot.GetUserTurn().GetMentionAll() {
@@ -291,6 +313,22 @@ func printSummary(s *Summary) {
 		raw = []byte(fmt.Sprintf(`{"status":"error","error":%q}`, err.Error()))
 	}
 	fmt.Printf("SUMMARY %s\n", raw)
+}
+
+// declares says whether a snapshot names a tool server at url.
+func declares(s *roundtablev1.Snapshot, url string) bool {
+	for _, server := range s.GetSession().GetToolServers() {
+		if server.GetUrl() == url {
+			return true
+		}
+	}
+	return false
+}
+
+// isTerminal says whether f is a terminal (a person typing) rather than a pipe or a file.
+func isTerminal(f *os.File) bool {
+	info, err := f.Stat()
+	return err == nil && info.Mode()&os.ModeCharDevice != 0
 }
 
 func randomHex(n int) string {

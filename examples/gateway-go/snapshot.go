@@ -10,6 +10,7 @@ import (
 
 	roundtablev1 "github.com/roundtable/roundtable/clients/go/roundtable/v1"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -113,4 +114,63 @@ func hasMemory(m *roundtablev1.Member, id string) bool {
 		}
 	}
 	return false
+}
+
+// ToolServerID is the id of the MCP server -tool-server declares.
+const ToolServerID = "tools"
+
+// demoTools are the tools -tool-server declares on its MCP server: a lookup that runs as
+// the model calls it, and a write a person approves call by call. Their input schemas
+// are what the model fills in (the offline model puts the rest of "use weather for
+// Paris" into the first string property).
+var demoTools = []*roundtablev1.Tool{
+	{
+		Name:        "weather",
+		Description: "The current weather in a city. Read-only: runs without asking.",
+		InputSchemaJson: `{"type":"object","properties":{"city":{"type":"string","description":"The city, e.g. Paris"}},` +
+			`"required":["city"],"additionalProperties":false}`,
+		ServerId: ToolServerID,
+		Approval: roundtablev1.ApprovalPolicy_APPROVAL_POLICY_NEVER,
+		ReadOnly: true,
+	},
+	{
+		Name:        "note",
+		Description: "Writes a note for the user. A person approves each call.",
+		InputSchemaJson: `{"type":"object","properties":{"text":{"type":"string","description":"What to note down"}},` +
+			`"required":["text"],"additionalProperties":false}`,
+		ServerId: ToolServerID,
+		Approval: roundtablev1.ApprovalPolicy_APPROVAL_POLICY_ALWAYS,
+	},
+}
+
+// addTools declares the MCP server at url (streamable HTTP, e.g. http://127.0.0.1:8000/mcp)
+// as server "tools" with demoTools, and lets every member that has no tools of its own
+// call them. A snapshot that declares tools itself (a -snapshot file) keeps them; it must
+// not use the same server id or tool names.
+func addTools(s *roundtablev1.Snapshot, url string) error {
+	if s.Session == nil {
+		s.Session = &roundtablev1.Session{}
+	}
+	for _, server := range s.Session.GetToolServers() {
+		if server.GetServerId() == ToolServerID {
+			return fmt.Errorf("-tool-server: the snapshot already declares a tool server %q", ToolServerID)
+		}
+	}
+	names := make([]string, 0, len(demoTools))
+	for _, tool := range demoTools {
+		for _, declared := range s.Session.GetTools() {
+			if declared.GetName() == tool.GetName() {
+				return fmt.Errorf("-tool-server: the snapshot already declares a tool %q", tool.GetName())
+			}
+		}
+		s.Session.Tools = append(s.Session.Tools, proto.Clone(tool).(*roundtablev1.Tool))
+		names = append(names, tool.GetName())
+	}
+	s.Session.ToolServers = append(s.Session.ToolServers, &roundtablev1.ToolServer{ServerId: ToolServerID, Url: url})
+	for _, m := range s.Members {
+		if len(m.GetToolNames()) == 0 {
+			m.ToolNames = append([]string(nil), names...)
+		}
+	}
+	return nil
 }

@@ -33,18 +33,41 @@ type StoredRun struct {
 // Message is one line of a thread: the user's turn or a member's final reply.
 // Replies are unique on (tenant, run_id, reply_id).
 type Message struct {
-	Tenant       string    `json:"tenant"`
-	ThreadID     string    `json:"thread_id"`
-	RunID        string    `json:"run_id"`
-	MessageID    string    `json:"message_id"`
-	Role         string    `json:"role"` // user or assistant
-	ReplyID      string    `json:"reply_id,omitempty"`
-	MemberID     string    `json:"member_id,omitempty"`
-	Step         uint32    `json:"step,omitempty"`
-	Content      string    `json:"content"`
-	Model        string    `json:"model,omitempty"`
-	FinishReason string    `json:"finish_reason,omitempty"`
-	CreatedAt    time.Time `json:"created_at"`
+	Tenant       string     `json:"tenant"`
+	ThreadID     string     `json:"thread_id"`
+	RunID        string     `json:"run_id"`
+	MessageID    string     `json:"message_id"`
+	Role         string     `json:"role"` // user or assistant
+	ReplyID      string     `json:"reply_id,omitempty"`
+	MemberID     string     `json:"member_id,omitempty"`
+	Step         uint32     `json:"step,omitempty"`
+	Content      string     `json:"content"`
+	Model        string     `json:"model,omitempty"`
+	FinishReason string     `json:"finish_reason,omitempty"`
+	ToolCalls    []ToolCall `json:"tool_calls,omitempty"` // AssistantFinal.tool_calls
+	CreatedAt    time.Time  `json:"created_at"`
+}
+
+// ToolCall is one tool call of a reply and how it ended.
+type ToolCall struct {
+	CallID   string `json:"call_id"`
+	ToolName string `json:"tool_name"`
+	Outcome  string `json:"outcome"` // ok, denied, expired or failed
+}
+
+// StoredDecision is a decision this gateway sent on a permission request and Roundtable
+// recorded: who allowed which call, with which arguments, and why not.
+type StoredDecision struct {
+	Tenant              string    `json:"tenant"`
+	RunID               string    `json:"run_id"`
+	PermissionRequestID string    `json:"permission_request_id"`
+	MemberID            string    `json:"member_id"`
+	ToolName            string    `json:"tool_name"`
+	ArgumentsJSON       string    `json:"arguments_json"`
+	Decision            string    `json:"decision"` // approve or deny
+	Reason              string    `json:"reason,omitempty"`
+	DecidedBy           string    `json:"decided_by"` // the terminal, or -approve=always / -approve=never
+	DecidedAt           time.Time `json:"decided_at"`
 }
 
 // StoredMemory is a memory a member keeps, owned by the gateway.
@@ -65,6 +88,8 @@ type storeData struct {
 	Runs     []StoredRun    `json:"runs"`
 	Messages []Message      `json:"messages"`
 	Memories []StoredMemory `json:"memories"`
+	// Decisions on permission requests (a run's tool calls that waited for approval).
+	Decisions []StoredDecision `json:"decisions,omitempty"`
 }
 
 // Store is the JSON file store.
@@ -234,4 +259,22 @@ func (s *Store) DeleteMemory(tenant, memoryID string) {
 		}
 	}
 	s.data.Memories = kept
+}
+
+// Decision returns the decision this gateway recorded for a permission request, or nil.
+func (s *Store) Decision(tenant, runID, permissionRequestID string) *StoredDecision {
+	for i := range s.data.Decisions {
+		d := &s.data.Decisions[i]
+		if d.Tenant == tenant && d.RunID == runID && d.PermissionRequestID == permissionRequestID {
+			return d
+		}
+	}
+	return nil
+}
+
+// PutDecision records a decision Roundtable accepted, once per permission request.
+func (s *Store) PutDecision(d StoredDecision) {
+	if s.Decision(d.Tenant, d.RunID, d.PermissionRequestID) == nil {
+		s.data.Decisions = append(s.data.Decisions, d)
+	}
 }

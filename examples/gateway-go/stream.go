@@ -8,9 +8,13 @@ package main
 //
 // What the gateway persists is idempotent on its own keys as well: a final reply once
 // per (run_id, reply_id), whatever replays, re-attaches or resumes deliver it again.
+//
+// A permission_required is decided on a goroutine of its own (approval.go) while this
+// loop reads on; t.mu keeps their printing and storing apart.
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -33,6 +37,8 @@ type ReplyResult struct {
 	Step      uint32 `json:"step"`
 	Content   string `json:"content"`
 	Persisted bool   `json:"persisted"` // stored by this process (false: it was stored before)
+	// ToolCalls are the reply's tool calls and how each ended.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // SpeakerFailure is a speaker_failed event.
@@ -49,8 +55,20 @@ type Turn struct {
 	Store       *Store
 	Memory      *MemoryRules
 	Out         io.Writer
-	DropAfter   int // test hook: close the first stream after this many durable events
-	MaxFailures int // consecutive failed attempts (without progress) before giving up
+	DropAfter   int        // test hook: close the first stream after this many durable events
+	MaxFailures int        // consecutive failed attempts (without progress) before giving up
+	Approve     string     // ask, always or never: how permission requests are decided
+	Prompt      *Prompter  // the terminal, for Approve = ask
+	Clock       *TurnClock // the turn's -timeout, paused while a person answers (nil: none)
+
+	mu              sync.Mutex                         // the event loop vs. the deciders: output, store, the fields below
+	abort           context.CancelCauseFunc            // ends the turn with an error, from a decider
+	deciding        sync.WaitGroup                     // deciders running
+	waiting         map[string]context.CancelCauseFunc // permission_request_id -> stops its decider
+	permissions     map[string]*PermissionResult       // permission_request_id -> what became of it
+	permissionOrder []string                           // permission request ids, in the order they came
+	question        string                             // the question the person is being asked, if any
+	questionCut     bool                               // something was printed below it since
 
 	names       map[string]string // member_id -> display name
 	speakers    map[string]string // reply_id -> member_id, from the plan
@@ -84,6 +102,13 @@ type groupKey struct{ round, group uint32 }
 func (t *Turn) Run(ctx context.Context) error {
 	t.names, t.speakers, t.replies = map[string]string{}, map[string]string{}, map[string]*ReplyResult{}
 	t.together, t.groups, t.announced = map[string]groupKey{}, map[groupKey][]string{}, map[groupKey]bool{}
+	t.waiting, t.permissions = map[string]context.CancelCauseFunc{}, map[string]*PermissionResult{}
+	if t.Prompt == nil {
+		t.Prompt = &Prompter{In: strings.NewReader("")}
+	}
+	ctx, t.abort = context.WithCancelCause(ctx)
+	defer t.abort(nil)
+	defer t.stopDeciding() // before the abort above: a decider still asking ends here
 	for _, m := range t.Request.GetSnapshot().GetMembers() {
 		t.names[m.GetMemberId()] = m.GetDisplayName()
 	}
@@ -92,6 +117,9 @@ func (t *Turn) Run(ctx context.Context) error {
 	opts.MaxAttempts = t.MaxFailures + 1
 	opts.OnSkip = func(*roundtablev1.RunEvent) { t.skipped++ }
 	opts.OnRetry = func(r client.Retry) {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		defer t.reask()
 		t.endLine()
 		switch {
 		case r.Ended != nil:
@@ -115,22 +143,33 @@ func (t *Turn) Run(ctx context.Context) error {
 	}
 	for ev, err := range client.Wrap(stub).RunTurn(ctx, t.Request, &opts) {
 		if err != nil {
-			if ctx.Err() != nil {
-				return fmt.Errorf("turn aborted after seq %d: %w", t.lastSeq, err)
+			if ctx.Err() != nil { // -timeout, Ctrl-C, or a decider that could not decide
+				return fmt.Errorf("turn aborted after seq %d: %w", t.lastSeq, context.Cause(ctx))
 			}
 			return err
 		}
-		if d := ev.GetAssistantDelta(); d != nil { // live only, never replayed: just show it
-			if _, atOnce := t.together[d.GetReplyId()]; !atOnce {
-				t.printDelta(d)
-			}
-			continue
-		}
-		if err := t.apply(ev); err != nil {
+		if err := t.handle(ctx, ev); err != nil {
 			return err
 		}
-		t.lastSeq = ev.GetSeq()
 	}
+	return nil
+}
+
+// handle does what the gateway does with one event.
+func (t *Turn) handle(ctx context.Context, ev *roundtablev1.RunEvent) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.reask()
+	if d := ev.GetAssistantDelta(); d != nil { // live only, never replayed: just show it
+		if _, atOnce := t.together[d.GetReplyId()]; !atOnce {
+			t.printDelta(d)
+		}
+		return nil
+	}
+	if err := t.apply(ctx, ev); err != nil {
+		return err
+	}
+	t.lastSeq = ev.GetSeq()
 	return nil
 }
 
@@ -171,9 +210,9 @@ func (s *droppingStream) Recv() (*roundtablev1.StartRunResponse, error) {
 	return r, err
 }
 
-// apply does what the gateway does with one durable event.
-func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
-	ctx := t.Request.GetContext()
+// apply does what the gateway does with one durable event; t.mu is held.
+func (t *Turn) apply(ctx context.Context, ev *roundtablev1.RunEvent) error {
+	rc := t.Request.GetContext()
 	switch p := ev.GetPayload().(type) {
 	case *roundtablev1.RunEvent_RunStarted:
 		t.resumed = t.resumed || p.RunStarted.GetResumed()
@@ -221,9 +260,11 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 			t.startLine(s.GetReplyId(), s.GetAttempt())
 		}
 	case *roundtablev1.RunEvent_AssistantFinal:
+		t.settle(p.AssistantFinal.GetReplyId(), fmt.Errorf("%s's reply went on without it", t.name(p.AssistantFinal.GetMemberId())))
 		return t.persistReply(p.AssistantFinal)
 	case *roundtablev1.RunEvent_SpeakerFailed:
 		f := p.SpeakerFailed
+		t.settle(f.GetReplyId(), fmt.Errorf("%s failed", t.name(f.GetMemberId())))
 		t.failed = append(t.failed, SpeakerFailure{f.GetReplyId(), f.GetMemberId(), f.GetCode()})
 		t.endLine()
 		fmt.Fprintf(t.Out, "   ✗ %s failed: %s (%s, %d attempt(s))\n", t.name(f.GetMemberId()), f.GetCode(), f.GetMessage(), f.GetAttempts())
@@ -240,16 +281,15 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 				fmt.Fprintf(t.Out, "── memory for %s: rejected %s %q: %s\n", t.name(d.MemberID), d.Action, d.Content, d.Reason)
 			}
 		}
-		t.Store.UpdateRun(ctx.GetTenant(), ctx.GetRunId(), "", ev.GetSeq())
+		t.Store.UpdateRun(rc.GetTenant(), rc.GetRunId(), "", ev.GetSeq())
 		return t.Store.Save()
 	case *roundtablev1.RunEvent_PermissionRequired:
-		t.endLine()
-		fmt.Fprintf(t.Out, "── permission requested by %s for %s (tool approval is not supported by this gateway)\n",
-			t.name(p.PermissionRequired.GetMemberId()), p.PermissionRequired.GetAction())
+		t.requestPermission(ctx, p.PermissionRequired)
 	case *roundtablev1.RunEvent_RunCompleted:
 		done := p.RunCompleted
+		t.settle("", errors.New("the run completed"))
 		for _, r := range done.GetReplies() {
-			if t.Store.Reply(ctx.GetTenant(), ctx.GetRunId(), r.GetReplyId()) == nil {
+			if t.Store.Reply(rc.GetTenant(), rc.GetRunId(), r.GetReplyId()) == nil {
 				t.missing = append(t.missing, r.GetReplyId())
 			}
 		}
@@ -265,12 +305,18 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 		t.endLine()
 		fmt.Fprintf(t.Out, "── cancelled (%s); %d step(s) left\n", c.GetReason(), len(c.GetStepsLeft()))
 		t.resumable = c.GetReason() == client.ShutdownReason
+		if !t.resumable { // a waiting call of a cancelled run counts as denied ("cancelled")
+			t.settle("", fmt.Errorf("the run was cancelled (%s)", c.GetReason()))
+		}
 		return t.finish("cancelled", c.GetReason(), ev.GetSeq())
 	case *roundtablev1.RunEvent_RunFailed:
 		f := p.RunFailed
 		t.endLine()
 		fmt.Fprintf(t.Out, "── failed: %s %s (retryable: %t)\n", f.GetCode(), f.GetMessage(), f.GetRetryable())
 		t.resumable = f.GetRetryable()
+		if !t.resumable {
+			t.settle("", errors.New("the run failed"))
+		}
 		return t.finish("failed", f.GetCode()+": "+f.GetMessage(), ev.GetSeq())
 	default:
 		t.endLine()
@@ -282,10 +328,16 @@ func (t *Turn) apply(ev *roundtablev1.RunEvent) error {
 // persistReply stores a final reply once per (run_id, reply_id).
 func (t *Turn) persistReply(f *roundtablev1.AssistantFinal) error {
 	ctx := t.Request.GetContext()
+	var calls []ToolCall
+	for _, c := range f.GetToolCalls() {
+		calls = append(calls, ToolCall{
+			CallID: c.GetCallId(), ToolName: c.GetToolName(), Outcome: enumName(c.GetOutcome().String(), "TOOL_CALL_OUTCOME_"),
+		})
+	}
 	stored := t.Store.PutReply(Message{
 		Tenant: ctx.GetTenant(), ThreadID: ctx.GetThreadId(), RunID: ctx.GetRunId(),
 		ReplyID: f.GetReplyId(), MemberID: f.GetMemberId(), Step: f.GetStep(), Content: f.GetContent(),
-		Model: f.GetModel(), FinishReason: enumName(f.GetFinishReason().String(), "FINISH_REASON_"),
+		Model: f.GetModel(), FinishReason: enumName(f.GetFinishReason().String(), "FINISH_REASON_"), ToolCalls: calls,
 	})
 	if stored {
 		t.Store.UpdateRun(ctx.GetTenant(), ctx.GetRunId(), "", t.lastSeq+1)
@@ -297,7 +349,7 @@ func (t *Turn) persistReply(f *roundtablev1.AssistantFinal) error {
 	}
 	r := t.replies[f.GetReplyId()]
 	if r == nil {
-		r = &ReplyResult{ReplyID: f.GetReplyId(), MemberID: f.GetMemberId(), Step: f.GetStep(), Content: f.GetContent()}
+		r = &ReplyResult{ReplyID: f.GetReplyId(), MemberID: f.GetMemberId(), Step: f.GetStep(), Content: f.GetContent(), ToolCalls: calls}
 		t.replies[f.GetReplyId()] = r
 	}
 	r.Persisted = r.Persisted || stored
@@ -323,6 +375,9 @@ func (t *Turn) persistReply(f *roundtablev1.AssistantFinal) error {
 		note = " [replaced]"
 	}
 	t.endLine()
+	for _, c := range calls { // "Mei used weather: ok"
+		fmt.Fprintf(t.Out, "   %s used %s: %s\n", t.name(f.GetMemberId()), c.ToolName, c.Outcome)
+	}
 	if stored {
 		fmt.Fprintf(t.Out, "   ✓ persisted %s%s\n", f.GetReplyId(), note)
 	} else {
@@ -398,6 +453,18 @@ func (t *Turn) endLine() {
 	if t.open != "" {
 		fmt.Fprintln(t.Out)
 		t.open, t.openText = "", ""
+	}
+	if t.question != "" && !t.questionCut { // a question waits for its answer on this line
+		fmt.Fprintln(t.Out)
+		t.questionCut = true
+	}
+}
+
+// reask shows the question waiting for an answer again, below what was printed after it.
+func (t *Turn) reask() {
+	if t.questionCut {
+		fmt.Fprint(t.Out, t.question)
+		t.questionCut = false
 	}
 }
 

@@ -70,10 +70,13 @@ async def run_gateway(
     *args: str,
     wait_s: float = 60.0,
     on_line: Callable[[str], None] | None = None,
+    stdin: bytes | None = None,
+    exit_code: int = 0,
 ) -> GatewayRun:
     """Runs the gateway once against `server` (or a host:port); returns its SUMMARY line.
 
-    `on_line` sees every stdout line as it is printed.
+    `on_line` sees every stdout line as it is printed; `stdin`, when given, is what the
+    person types (then the input ends); `exit_code` is the exit status expected.
     """
     target = server if isinstance(server, str) else server.address
     proc = await asyncio.create_subprocess_exec(
@@ -85,11 +88,17 @@ async def run_gateway(
         "-timeout",
         f"{int(wait_s)}s",
         *args,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=_env(),
     )
     assert proc.stdout is not None and proc.stderr is not None
+    if stdin is not None:
+        assert proc.stdin is not None
+        proc.stdin.write(stdin)
+        await proc.stdin.drain()
+        proc.stdin.close()
     lines: list[str] = []
 
     async def read_stdout() -> None:
@@ -108,7 +117,9 @@ async def run_gateway(
         raise
     stdout, stderr = "".join(lines), err.decode()
     summaries = [line for line in lines if line.startswith("SUMMARY ")]
-    assert proc.returncode == 0 and summaries, f"gateway exit {proc.returncode}\n{stdout}\n{stderr}"
+    assert proc.returncode == exit_code and summaries, (
+        f"gateway exit {proc.returncode}\n{stdout}\n{stderr}"
+    )
     return GatewayRun(json.loads(summaries[-1].removeprefix("SUMMARY ")), stdout, stderr)
 
 

@@ -1,6 +1,7 @@
 // Package client is the Roundtable client library: one call that runs a turn and yields
 // its events exactly once, in seq order, through dropped streams, sidecar restarts and
-// retryable failures; CancelRun and GetRun; errors typed by the contract's reasons.
+// retryable failures; CancelRun, GetRun and ResolvePermission; errors typed by the
+// contract's reasons.
 //
 // It wraps the generated package github.com/roundtable/roundtable/clients/go/roundtable/v1
 // and implements the policy of clients/conformance.md, which the Python and TypeScript
@@ -96,4 +97,24 @@ func (c *Client) GetRun(ctx context.Context, runID, tenant string) (*roundtablev
 		return nil, AsError(err)
 	}
 	return resp.GetRun(), nil
+}
+
+// ResolvePermission answers a permission_required event (PermissionRequired.permission_request_id):
+// APPROVE runs the tool call, with editedArgumentsJSON (a JSON object) instead of the
+// model's arguments when it is not empty; DENY tells the member reason instead (optional).
+// The run waits meanwhile with its stream open and goes on once the decision is recorded:
+// keep reading RunTurn's events. The same decision sent again answers the same. Errors are
+// *Error; tell them apart by Reason: ReasonPermissionDecided (another decision, an expiry or
+// a cancel was recorded first; the message names it), ReasonPermissionNotFound,
+// ReasonRunNotFound, ReasonInvalidRequest.
+func (c *Client) ResolvePermission(ctx context.Context, runID, tenant, permissionRequestID string,
+	decision roundtablev1.PermissionDecision, reason, editedArgumentsJSON string) (*roundtablev1.ResolvePermissionResponse, error) {
+	resp, err := c.stub.ResolvePermission(ctx, &roundtablev1.ResolvePermissionRequest{
+		RunId: runID, Tenant: tenant, PermissionRequestId: permissionRequestID, Decision: decision,
+		Reason: reason, EditedArgumentsJson: editedArgumentsJSON,
+	})
+	if err != nil {
+		return nil, AsError(err)
+	}
+	return resp, nil
 }

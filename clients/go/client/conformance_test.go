@@ -299,3 +299,146 @@ func TestC7TokenOverTLS(t *testing.T) {
 		t.Fatal("the error names the token")
 	}
 }
+
+// C8: a tool call that needs approval. The turn's stream stays open while the run waits;
+// ResolvePermission decides, and the same stream goes on to the reply.
+func TestC8PermissionApproval(t *testing.T) {
+	tools := startToolServer(t)
+	server := startSidecar(t, "--offline-token-delay-ms", "2")
+	c := connect(t, server.address(), client.DialOptions{})
+	ctx := ctxFor(t, time.Minute)
+	approve, deny := roundtablev1.PermissionDecision_PERMISSION_DECISION_APPROVE, roundtablev1.PermissionDecision_PERMISSION_DECISION_DENY
+
+	// (a) Approved: the tool runs once, the reply quotes it, its final lists the call.
+	var asked *roundtablev1.PermissionRequired
+	col := turnOf(ctx, t, c, toolRequest("c8", "t-c8", "@Mei use note to buy milk", tools.url()), nil,
+		func(ev *roundtablev1.RunEvent, _ *collected) {
+			p := ev.GetPermissionRequired()
+			if p == nil {
+				return
+			}
+			asked = p
+			run, err := c.GetRun(ctx, "c8", "demo")
+			if err != nil || len(run.GetPendingPermissions()) != 1 || run.GetPendingPermissions()[0].GetPermissionRequestId() != p.GetPermissionRequestId() {
+				t.Errorf("GetRun while waiting: %v, %v", run, err)
+			}
+			resp, err := c.ResolvePermission(ctx, "c8", "demo", p.GetPermissionRequestId(), approve, "", "")
+			if err != nil || resp.GetDecision() != approve || resp.GetRun().GetRunId() != "c8" || resp.GetDecidedAt() == nil {
+				t.Errorf("ResolvePermission: %v, %v", resp, err)
+			}
+		})
+	if col.err != nil {
+		t.Fatalf("turn failed: %v (%v)", col.err, col.kinds())
+	}
+	if asked == nil || asked.GetMemberId() != "mei" || asked.GetToolName() != "note" || asked.GetArgumentsJson() == "" ||
+		asked.GetArguments().GetFields()["text"].GetStringValue() != "buy milk" || asked.GetExpiresAt() == nil {
+		t.Fatalf("permission_required: %v", asked)
+	}
+	if kinds := col.kinds(); kinds[len(kinds)-1] != "run_completed" {
+		t.Fatalf("not ended by run_completed: %v", kinds)
+	}
+	finals := col.finals()
+	if len(finals) != 1 || !strings.Contains(finals[0].GetContent(), "noted 'buy milk'") {
+		t.Fatalf("finals %v", finals)
+	}
+	calls := finals[0].GetToolCalls()
+	if len(calls) != 1 || calls[0].GetCallId() != asked.GetPermissionRequestId() || calls[0].GetToolName() != "note" ||
+		calls[0].GetOutcome() != roundtablev1.ToolCallOutcome_TOOL_CALL_OUTCOME_OK {
+		t.Fatalf("tool calls %v", calls)
+	}
+	if n := tools.counts(t)["note"][asked.GetPermissionRequestId()]; n != 1 {
+		t.Fatalf("note ran %d times", n)
+	}
+
+	// (b) Decided: the same decision again answers the same; the other one, an unknown
+	// request and an unknown run are typed errors, never retried.
+	again, err := c.ResolvePermission(ctx, "c8", "demo", asked.GetPermissionRequestId(), approve, "", "")
+	if err != nil || again.GetDecision() != approve {
+		t.Fatalf("the same decision again: %v, %v", again, err)
+	}
+	for _, tc := range []struct {
+		run, id string
+		code    codes.Code
+		reason  string
+	}{
+		{"c8", asked.GetPermissionRequestId(), codes.FailedPrecondition, client.ReasonPermissionDecided},
+		{"c8", "c8#0/9", codes.NotFound, client.ReasonPermissionNotFound},
+		{"no-such-run", "x#0/1", codes.NotFound, client.ReasonRunNotFound},
+	} {
+		_, err := c.ResolvePermission(ctx, tc.run, "demo", tc.id, deny, "too late", "")
+		var e *client.Error
+		if !errors.As(err, &e) || e.Code != tc.code || e.Reason != tc.reason || e.Retryable {
+			t.Fatalf("ResolvePermission(%s, %s): %v", tc.run, tc.id, err)
+		}
+		if tc.reason == client.ReasonPermissionDecided && !strings.Contains(e.Message, "approve") {
+			t.Fatalf("PERMISSION_DECIDED does not name the recorded decision: %v", e)
+		}
+	}
+
+	// (c) Denied: the tool never runs, the member is told, the final says DENIED.
+	var denied string
+	col = turnOf(ctx, t, c, toolRequest("c8-deny", "t-c8-deny", "@Mei use note to sell the car", tools.url()), nil,
+		func(ev *roundtablev1.RunEvent, _ *collected) {
+			if p := ev.GetPermissionRequired(); p != nil {
+				denied = p.GetPermissionRequestId()
+				if _, err := c.ResolvePermission(ctx, "c8-deny", "demo", denied, deny, "not today", ""); err != nil {
+					t.Errorf("deny: %v", err)
+				}
+			}
+		})
+	finals = col.finals()
+	if col.err != nil || len(finals) != 1 || len(finals[0].GetToolCalls()) != 1 ||
+		finals[0].GetToolCalls()[0].GetOutcome() != roundtablev1.ToolCallOutcome_TOOL_CALL_OUTCOME_DENIED {
+		t.Fatalf("denied turn: %v %v %v", col.err, col.kinds(), finals)
+	}
+	if n := tools.counts(t)["note"][denied]; denied == "" || n != 0 {
+		t.Fatalf("a denied note ran %d times (%q)", n, denied)
+	}
+}
+
+// A run waiting for approval whose stream is cut is re-attached (StreamRun after the
+// permission_required), waits on, and goes on once decided: the request is yielded once.
+func TestApprovalWaitSurvivesACut(t *testing.T) {
+	tools := startToolServer(t)
+	server := startSidecar(t, "--offline-token-delay-ms", "2")
+	proxy := startProxy(t, server.address(), 0)
+	viaProxy := connect(t, proxy.address(), client.DialOptions{})
+	direct := connect(t, server.address(), client.DialOptions{})
+	ctx := ctxFor(t, time.Minute)
+	decided := make(chan error, 1)
+	col := turnOf(ctx, t, viaProxy, toolRequest("cut-wait", "t-cut-wait", "@Mei use note to buy milk", tools.url()), nil,
+		func(ev *roundtablev1.RunEvent, _ *collected) {
+			if p := ev.GetPermissionRequired(); p != nil {
+				proxy.Cut()
+				go func() { // decided a while after the cut, while the turn re-attaches and waits
+					time.Sleep(500 * time.Millisecond)
+					_, err := direct.ResolvePermission(ctx, "cut-wait", "demo", p.GetPermissionRequestId(),
+						roundtablev1.PermissionDecision_PERMISSION_DECISION_APPROVE, "", "")
+					decided <- err
+				}()
+			}
+		})
+	if err := <-decided; err != nil {
+		t.Fatal(err)
+	}
+	if col.err != nil {
+		t.Fatalf("turn failed: %v", col.err)
+	}
+	asked, last := 0, col.events[len(col.events)-1]
+	var askedSeq uint64
+	for i, ev := range col.events {
+		if ev.GetSeq() != uint64(i+1) {
+			t.Fatalf("seqs %v", col.kinds())
+		}
+		if ev.GetPermissionRequired() != nil {
+			asked++
+			askedSeq = ev.GetSeq()
+		}
+	}
+	if asked != 1 || last.GetRunCompleted() == nil || len(col.finals()) != 1 {
+		t.Fatalf("events %v", col.kinds())
+	}
+	if len(col.retries) == 0 || col.retries[0].op != string(client.OpStreamRun) || col.retries[0].afterSeq != askedSeq {
+		t.Fatalf("retries %+v (permission_required at seq %d)", col.retries, askedSeq)
+	}
+}

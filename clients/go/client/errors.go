@@ -20,9 +20,11 @@ const (
 	ReasonInvalidRequest     = "INVALID_REQUEST"
 	ReasonRunAlreadyExists   = "RUN_ALREADY_EXISTS"
 	ReasonRunNotFound        = "RUN_NOT_FOUND"
+	ReasonPermissionNotFound = "PERMISSION_NOT_FOUND" // ResolvePermission: no such request in the tenant's run
 	ReasonThreadBusy         = "THREAD_BUSY"
 	ReasonStreamGap          = "STREAM_GAP"
 	ReasonRunContinued       = "RUN_CONTINUED"
+	ReasonPermissionDecided  = "PERMISSION_DECIDED" // ResolvePermission: another decision (or expiry, cancel) is recorded
 	ReasonTooManyRuns        = "TOO_MANY_RUNS"
 	ReasonTooManyCalls       = "TOO_MANY_CALLS"
 	ReasonTooManyStreams     = "TOO_MANY_STREAMS"

@@ -2,8 +2,8 @@ package client_test
 
 // support_test.go: what the conformance tests (clients/conformance.md) run against: a real
 // `roundtable serve` process (the binary from $ROUNDTABLE_BIN, default the repository's
-// .venv/bin/roundtable), the demo roster, a loopback TCP proxy that cuts connections, and a
-// self-signed certificate.
+// .venv/bin/roundtable), the demo roster, a loopback TCP proxy that cuts connections, a
+// self-signed certificate, and the repository's test MCP tool server.
 
 import (
 	"bufio"
@@ -14,11 +14,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,12 +34,9 @@ import (
 	roundtablev1 "github.com/roundtable/roundtable/clients/go/roundtable/v1"
 )
 
-// roundtableBin is the sidecar to test against.
-func roundtableBin(t *testing.T) string {
+// repoRoot is the repository holding this module (clients/go).
+func repoRoot(t *testing.T) string {
 	t.Helper()
-	if bin := os.Getenv("ROUNDTABLE_BIN"); bin != "" {
-		return bin
-	}
 	dir, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +49,16 @@ func roundtableBin(t *testing.T) string {
 			t.Fatal("no go.mod above the test")
 		}
 	}
-	bin := filepath.Join(dir, "..", "..", ".venv", "bin", "roundtable")
+	return filepath.Join(dir, "..", "..")
+}
+
+// roundtableBin is the sidecar to test against.
+func roundtableBin(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("ROUNDTABLE_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(repoRoot(t), ".venv", "bin", "roundtable")
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("no sidecar at %s (make venv, or set ROUNDTABLE_BIN): %v", bin, err)
 	}
@@ -181,6 +189,101 @@ func demoRequest(runID, threadID, text string) *roundtablev1.StartRunRequest {
 		Context:  &roundtablev1.RunContext{RunId: runID, ThreadId: threadID, RequestId: "req-" + runID, Tenant: "demo"},
 		Snapshot: snapshot,
 	}
+}
+
+// toolServer is the repository's test MCP server (tests/support/mcp_server.py), run by the
+// Python beside the sidecar's binary: tools weather (read-only) and note (a write that
+// counts its executions per idempotency key), GET /counts.
+type toolServer struct {
+	port int
+}
+
+var toolServerListening = regexp.MustCompile(`mcp test server listening on port (\d+)`)
+
+func startToolServer(t *testing.T) *toolServer {
+	t.Helper()
+	python := filepath.Join(filepath.Dir(roundtableBin(t)), "python")
+	if _, err := os.Stat(python); err != nil {
+		python = "python3"
+	}
+	cmd := exec.Command(python, "-m", "tests.support.mcp_server", "--port", "0")
+	cmd.Dir = repoRoot(t)
+	cmd.Env = append(os.Environ(), "PYTHONUNBUFFERED=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := os.CreateTemp(t.TempDir(), "mcp-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	port := make(chan int, 1)
+	go func() {
+		scanner := bufio.NewScanner(out)
+		for scanner.Scan() {
+			if m := toolServerListening.FindStringSubmatch(scanner.Text()); m != nil {
+				var n int
+				fmt.Sscan(m[1], &n)
+				port <- n
+			}
+			fmt.Fprintln(log, scanner.Text())
+		}
+	}()
+	select {
+	case p := <-port:
+		return &toolServer{port: p}
+	case <-time.After(30 * time.Second):
+		raw, _ := os.ReadFile(log.Name())
+		t.Fatalf("the test MCP server did not listen within 30 s: %s", raw)
+	}
+	return nil
+}
+
+// url is the MCP endpoint (ToolServer.url).
+func (s *toolServer) url() string { return fmt.Sprintf("http://127.0.0.1:%d/mcp", s.port) }
+
+// counts is how often each tool ran, per idempotency key (GET /counts).
+func (s *toolServer) counts(t *testing.T) map[string]map[string]int {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/counts", s.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	counts := map[string]map[string]int{}
+	if err := json.NewDecoder(resp.Body).Decode(&counts); err != nil {
+		t.Fatal(err)
+	}
+	return counts
+}
+
+// toolRequest is demoRequest whose members may call the test server's weather (read-only,
+// runs as called) and note (a write: each call waits for a person's approval).
+func toolRequest(runID, threadID, text, url string) *roundtablev1.StartRunRequest {
+	req := demoRequest(runID, threadID, text)
+	session := req.Snapshot.Session
+	session.ToolServers = []*roundtablev1.ToolServer{{ServerId: "tools", Url: url}}
+	session.Tools = []*roundtablev1.Tool{
+		{
+			Name: "weather", Description: "The weather in a city.", ServerId: "tools", ReadOnly: true,
+			InputSchemaJson: `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`,
+			Approval:        roundtablev1.ApprovalPolicy_APPROVAL_POLICY_NEVER,
+		},
+		{
+			Name: "note", Description: "Writes a note.", ServerId: "tools",
+			InputSchemaJson: `{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}`,
+			Approval:        roundtablev1.ApprovalPolicy_APPROVAL_POLICY_ALWAYS,
+		},
+	}
+	for _, m := range req.Snapshot.Members {
+		m.ToolNames = []string{"weather", "note"}
+	}
+	return req
 }
 
 // cutProxy forwards loopback TCP to the sidecar. It cuts every open connection (both

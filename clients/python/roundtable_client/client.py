@@ -1,4 +1,5 @@
-"""The one call that runs a turn, plus cancel and get_run, over the generated roundtable.v1 stub."""
+"""The one call that runs a turn, plus cancel, get_run and resolve_permission, over the generated
+roundtable.v1 stub."""
 
 from __future__ import annotations
 
@@ -143,6 +144,41 @@ class Client:
         except grpc.aio.AioRpcError as error:
             raise error_of(error) from error
         return response.run
+
+    async def resolve_permission(
+        self,
+        run_id: str,
+        tenant: str,
+        permission_request_id: str,
+        decision: orchestrator_service_pb2.PermissionDecision,
+        reason: str = "",
+        edited_arguments_json: str = "",
+    ) -> orchestrator_service_pb2.ResolvePermissionResponse:
+        """Answers a permission_required event (its permission_request_id): APPROVE runs the tool
+        call, with `edited_arguments_json` (a JSON object) instead of the model's arguments when
+        given; DENY tells the member `reason` instead (optional). The run waits meanwhile with
+        its stream open, and goes on once the decision is recorded: keep iterating run_turn.
+
+        The same decision again answers the same. Never retried here. Raises RoundtableError;
+        tell refusals apart by `reason`: Reason.PERMISSION_DECIDED (another decision, an expiry
+        or a cancel was recorded first; the message names it), Reason.PERMISSION_NOT_FOUND,
+        Reason.RUN_NOT_FOUND, Reason.INVALID_REQUEST.
+        """
+        request = orchestrator_service_pb2.ResolvePermissionRequest(
+            run_id=run_id,
+            tenant=tenant,
+            permission_request_id=permission_request_id,
+            decision=decision,
+            reason=reason,
+            edited_arguments_json=edited_arguments_json,
+        )
+        try:
+            response: orchestrator_service_pb2.ResolvePermissionResponse = (
+                await self.stub.ResolvePermission(request, metadata=self._metadata)
+            )
+        except grpc.aio.AioRpcError as error:
+            raise error_of(error) from error
+        return response
 
     async def run_turn(
         self, request: orchestrator_service_pb2.StartRunRequest, options: TurnOptions | None = None

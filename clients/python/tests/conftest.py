@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support import Sidecar
+from support import Sidecar, ToolServer
 
 
 @pytest.fixture
@@ -28,3 +28,11 @@ async def sidecar(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Sidec
     yield start
     for server in started:
         await server.stop()
+
+
+@pytest.fixture
+async def tool_server(tmp_path: Path) -> AsyncIterator[ToolServer]:
+    """The repository's test MCP server, stopped after the test."""
+    server = await ToolServer(tmp_path).start()
+    yield server
+    await server.stop()

@@ -1,11 +1,13 @@
 """What the conformance tests (clients/conformance.md) run against: a real `roundtable serve`
 process (from $ROUNDTABLE_BIN, default the venv's), the demo roster, a loopback TCP proxy that
-cuts connections, a self-signed certificate, and a collector of what a turn yielded."""
+cuts connections, a self-signed certificate, the repository's test MCP tool server, and a
+collector of what a turn yielded."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -13,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +130,92 @@ def demo_request(run_id: str, text: str) -> orchestrator_service_pb2.StartRunReq
             user_turn=snapshot_pb2.UserTurn(message_id=f"u-{run_id}", text=text),
         ),
     )
+
+
+REPOSITORY = Path(__file__).resolve().parents[3]
+"""The repository holding this distribution (clients/python), with tests/support/mcp_server.py."""
+_TOOLS_LISTENING = re.compile(rb"mcp test server listening on port (\d+)")
+
+
+class ToolServer:
+    """The repository's test MCP server (`python -m tests.support.mcp_server`), run by this
+    Python: tools `weather` (read-only) and `note` (a write that counts its executions per
+    idempotency key), `GET /counts`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.log = directory / "mcp.log"
+        self.port = 0
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint (ToolServer.url in a snapshot)."""
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    async def start(self, wait_s: float = 30.0) -> ToolServer:
+        with self.log.open("wb") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.support.mcp_server",
+                "--port",
+                "0",
+                stdout=out,
+                stderr=out,
+                cwd=REPOSITORY,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        async with asyncio.timeout(wait_s):
+            while not (said := _TOOLS_LISTENING.search(self.log.read_bytes())):
+                if self.proc.returncode is not None:
+                    raise RuntimeError(f"the test MCP server exited: {self.log.read_text()}")
+                await asyncio.sleep(0.05)
+        self.port = int(said.group(1))
+        return self
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+    def counts(self, tool: str) -> dict[str, int]:
+        """How often `tool` ran, per idempotency key."""
+        url = f"http://127.0.0.1:{self.port}/counts"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            every: dict[str, dict[str, int]] = json.loads(response.read())
+        return every.get(tool, {})
+
+
+def tool_request(
+    run_id: str, text: str, tools_url: str
+) -> orchestrator_service_pb2.StartRunRequest:
+    """demo_request whose members may call the test server's `weather` (read-only, runs as
+    called) and `note` (a write: each call waits for a person's approval)."""
+    request = demo_request(run_id, text)
+    session = request.snapshot.session
+    session.tool_servers.add(server_id="tools", url=tools_url)
+    session.tools.add(
+        name="weather",
+        description="The weather in a city.",
+        input_schema_json=json.dumps(
+            {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        ),
+        server_id="tools",
+        read_only=True,
+        approval=snapshot_pb2.APPROVAL_POLICY_NEVER,
+    )
+    session.tools.add(
+        name="note",
+        description="Writes a note.",
+        input_schema_json=json.dumps(
+            {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+        ),
+        server_id="tools",
+        approval=snapshot_pb2.APPROVAL_POLICY_ALWAYS,
+    )
+    for member in request.snapshot.members:
+        member.tool_names.extend(["weather", "note"])
+    return request
 
 
 class CutProxy:

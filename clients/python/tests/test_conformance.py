@@ -15,9 +15,19 @@ from roundtable_client import (
     AttemptsExhausted,
     Client,
     Reason,
+    RoundtableError,
     TurnOptions,
 )
-from support import PATIENT, CutProxy, Sidecar, collect, demo_request, self_signed
+from support import (
+    PATIENT,
+    CutProxy,
+    Sidecar,
+    ToolServer,
+    collect,
+    demo_request,
+    self_signed,
+    tool_request,
+)
 
 
 def test_contract_version() -> None:
@@ -195,3 +205,85 @@ async def test_c7_token_over_tls(sidecar, tmp_path: Path) -> None:
 def test_a_token_is_not_sent_in_cleartext() -> None:
     with pytest.raises(ValueError, match="cleartext"):
         Client.connect("127.0.0.1:1", token="tok")
+
+
+async def test_c8_permission_approval(sidecar, tool_server: ToolServer) -> None:
+    """A tool call that needs approval: the turn's stream stays open while the run waits;
+    resolve_permission decides, and the same iteration goes on to the reply."""
+    server = await sidecar("--offline-token-delay-ms", "2")
+    approve, deny = (
+        orchestrator_service_pb2.PERMISSION_DECISION_APPROVE,
+        (orchestrator_service_pb2.PERMISSION_DECISION_DENY),
+    )
+    async with Client.connect(server.address) as client:
+        # (a) Approved: the tool runs once, the reply quotes it, its final lists the call.
+        asked: list[events_pb2.PermissionRequired] = []
+
+        async def approve_it(event: events_pb2.RunEvent) -> None:
+            if event.HasField("permission_required"):
+                request = event.permission_required
+                asked.append(request)
+                run = await client.get_run("c8", "demo")
+                assert [p.permission_request_id for p in run.pending_permissions] == [
+                    request.permission_request_id
+                ]
+                answer = await client.resolve_permission(
+                    "c8", "demo", request.permission_request_id, approve
+                )
+                assert answer.decision == approve and answer.run.run_id == "c8"
+                assert answer.HasField("decided_at")
+
+        seen = await collect(
+            client,
+            tool_request("c8", "@Mei use note to buy milk", tool_server.url),
+            on_event=approve_it,
+        )
+        assert seen.error is None, repr(seen.error)
+        assert seen.kinds()[-1] == "run_completed"
+        (request,) = asked
+        key = request.permission_request_id
+        assert (request.member_id, request.tool_name) == ("mei", "note")
+        assert request.arguments["text"] == "buy milk" and request.arguments_json
+        assert request.HasField("expires_at")
+        (final,) = seen.finals()
+        assert "noted 'buy milk'" in final.content
+        assert [(c.call_id, c.tool_name, c.outcome) for c in final.tool_calls] == [
+            (key, "note", events_pb2.TOOL_CALL_OUTCOME_OK)
+        ]
+        assert tool_server.counts("note") == {key: 1}
+
+        # (b) Decided: the same decision again answers the same; the other one, an unknown
+        # request and an unknown run are typed errors.
+        again = await client.resolve_permission("c8", "demo", key, approve)
+        assert again.decision == approve
+        for run_id, request_id, code, reason in [
+            ("c8", key, grpc.StatusCode.FAILED_PRECONDITION, Reason.PERMISSION_DECIDED),
+            ("c8", "c8#0/9", grpc.StatusCode.NOT_FOUND, Reason.PERMISSION_NOT_FOUND),
+            ("no-such-run", "x#0/1", grpc.StatusCode.NOT_FOUND, Reason.RUN_NOT_FOUND),
+        ]:
+            with pytest.raises(RoundtableError) as refused:
+                await client.resolve_permission(run_id, "demo", request_id, deny, "too late")
+            error = refused.value
+            assert (error.code, error.reason, error.retryable) == (code, reason, False)
+            if reason == Reason.PERMISSION_DECIDED:
+                assert "approve" in error.message, error.message
+
+        # (c) Denied: the tool never runs, the member is told, the final says DENIED.
+        denied: list[str] = []
+
+        async def deny_it(event: events_pb2.RunEvent) -> None:
+            if event.HasField("permission_required"):
+                denied.append(event.permission_required.permission_request_id)
+                await client.resolve_permission(
+                    "c8-deny", "demo", denied[0], deny, reason="not today"
+                )
+
+        seen = await collect(
+            client,
+            tool_request("c8-deny", "@Mei use note to sell the car", tool_server.url),
+            on_event=deny_it,
+        )
+        assert seen.error is None, repr(seen.error)
+        (final,) = seen.finals()
+        assert [c.outcome for c in final.tool_calls] == [events_pb2.TOOL_CALL_OUTCOME_DENIED]
+        assert denied and tool_server.counts("note").get(denied[0]) is None

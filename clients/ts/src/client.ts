@@ -11,6 +11,8 @@ import {
   CancelMode,
   type CancelRunResponse,
   OrchestratorService,
+  type PermissionDecision,
+  type ResolvePermissionResponse,
   type Run,
 } from "./gen/roundtable/v1/orchestrator_service_pb.js";
 import type { RunEvent } from "./gen/roundtable/v1/events_pb.js";
@@ -60,6 +62,20 @@ export interface CancelOptions extends RunRef {
   readonly headers?: CallOptions["headers"];
 }
 
+/** A ResolvePermission's options: the decision on one permission_required. */
+export interface ResolvePermissionOptions extends RunRef {
+  /** The event's `permissionRequestId`. */
+  readonly permissionRequestId: string;
+  /** `PermissionDecision.APPROVE` runs the call; `PermissionDecision.DENY` refuses it. */
+  readonly decision: PermissionDecision;
+  /** With DENY: why, told to the member (at most 1,024 characters). */
+  readonly reason?: string;
+  /** With APPROVE: the arguments to run the call with instead of the model's (a JSON object). */
+  readonly editedArgumentsJson?: string;
+  readonly signal?: AbortSignal;
+  readonly headers?: CallOptions["headers"];
+}
+
 /** The calls a gateway makes to one sidecar. */
 export class RoundtableClient {
   /** The generated client, for calls made without the turn policy. */
@@ -91,6 +107,33 @@ export class RoundtableClient {
           tenant: options.tenant,
           mode: options.mode ?? CancelMode.GRACEFUL,
           reason: options.reason ?? "",
+        },
+        { signal: options.signal, headers: options.headers },
+      );
+    } catch (e) {
+      throw toRoundtableError(e);
+    }
+  }
+
+  /**
+   * Answers a permission_required (ResolvePermission): approve the tool call (optionally with
+   * edited arguments) or deny it with a reason the member sees. The run waits meanwhile with
+   * its stream open and goes on once the decision is recorded: keep iterating `runTurn`.
+   * The same decision again answers the same; never retried here. Throws a RoundtableError:
+   * tell refusals apart by `reason`, `Reason.PERMISSION_DECIDED` (another decision, an expiry
+   * or a cancel was recorded first; the message names it), `Reason.PERMISSION_NOT_FOUND`,
+   * `Reason.RUN_NOT_FOUND`, `Reason.INVALID_REQUEST`.
+   */
+  async resolvePermission(options: ResolvePermissionOptions): Promise<ResolvePermissionResponse> {
+    try {
+      return await this.service.resolvePermission(
+        {
+          runId: options.runId,
+          tenant: options.tenant,
+          permissionRequestId: options.permissionRequestId,
+          decision: options.decision,
+          reason: options.reason ?? "",
+          editedArgumentsJson: options.editedArgumentsJson ?? "",
         },
         { signal: options.signal, headers: options.headers },
       );

@@ -33,12 +33,19 @@ export const Reason = {
   RUN_ALREADY_EXISTS: "RUN_ALREADY_EXISTS",
   /** NOT_FOUND: no such run for this tenant. */
   RUN_NOT_FOUND: "RUN_NOT_FOUND",
+  /** NOT_FOUND (ResolvePermission): no such permission request in this tenant's run. */
+  PERMISSION_NOT_FOUND: "PERMISSION_NOT_FOUND",
   /** FAILED_PRECONDITION: the thread is busy and the policy is REJECT. */
   THREAD_BUSY: "THREAD_BUSY",
   /** FAILED_PRECONDITION: a StreamRun cannot be continued from after_seq. */
   STREAM_GAP: "STREAM_GAP",
   /** FAILED_PRECONDITION: a later run continued this one before its end. */
   RUN_CONTINUED: "RUN_CONTINUED",
+  /**
+   * FAILED_PRECONDITION (ResolvePermission): another decision, an expiry or a cancel is
+   * recorded for the request; the message names it.
+   */
+  PERMISSION_DECIDED: "PERMISSION_DECIDED",
   /** RESOURCE_EXHAUSTED (RetryInfo): too many runs executing, in the process or the tenant. */
   TOO_MANY_RUNS: "TOO_MANY_RUNS",
   /** RESOURCE_EXHAUSTED (RetryInfo): too many calls in flight for this caller. */

@@ -1,11 +1,11 @@
 /**
  * What the conformance tests share: a real `roundtable serve` process (started, killed,
  * restarted on the same port and SQLite file), a TCP proxy that cuts connections, the demo
- * roster, and checks of a turn's events.
+ * roster, the repository's test MCP tool server, and checks of a turn's events.
  */
 
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync, openSync, closeSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync, openSync, closeSync } from "node:fs";
 import { createServer, type AddressInfo, type Server, type Socket, connect as netConnect } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -13,6 +13,7 @@ import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import {
+  ApprovalPolicy,
   create,
   type RunEvent,
   type Snapshot,
@@ -20,6 +21,8 @@ import {
   SessionKind,
   type StartRunRequest,
   StartRunRequestSchema,
+  ToolSchema,
+  ToolServerSchema,
 } from "../src/index.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -142,6 +145,93 @@ export class Sidecar {
   log(): string {
     return readFileSync(this.logPath, "utf8");
   }
+}
+
+/**
+ * The repository's test MCP server (`python -m tests.support.mcp_server`, run by the Python
+ * beside the sidecar's binary from the repository root): tools `weather` (read-only) and
+ * `note` (a write that counts its executions per idempotency key), `GET /counts`.
+ */
+export class ToolServer {
+  private constructor(
+    private readonly child: ChildProcess,
+    readonly port: number,
+  ) {}
+
+  static async start(dir: string, waitMs = 30_000): Promise<ToolServer> {
+    const logPath = join(dir, "mcp.log");
+    const log = openSync(logPath, "a");
+    const beside = join(dirname(ROUNDTABLE_BIN), "python");
+    const child = spawn(existsSync(beside) ? beside : "python3", ["-m", "tests.support.mcp_server", "--port", "0"], {
+      cwd: resolve(packageRoot, "../.."),
+      stdio: ["ignore", log, log],
+      env: { ...process.env, PYTHONUNBUFFERED: "1" },
+    });
+    closeSync(log);
+    const deadline = Date.now() + waitMs;
+    for (;;) {
+      const said = /mcp test server listening on port (\d+)/.exec(readFileSync(logPath, "utf8"));
+      if (said?.[1] !== undefined) {
+        return new ToolServer(child, Number(said[1]));
+      }
+      if (child.exitCode !== null || Date.now() > deadline) {
+        child.kill("SIGKILL");
+        throw new Error(`the test MCP server did not start:\n${readFileSync(logPath, "utf8")}`);
+      }
+      await sleep(50);
+    }
+  }
+
+  /** The MCP endpoint (ToolServer.url in a snapshot). */
+  get url(): string {
+    return `http://127.0.0.1:${this.port}/mcp`;
+  }
+
+  /** How often `tool` ran, per idempotency key. */
+  async counts(tool: string): Promise<Record<string, number>> {
+    const response = await fetch(`http://127.0.0.1:${this.port}/counts`);
+    const every = (await response.json()) as Record<string, Record<string, number>>;
+    return every[tool] ?? {};
+  }
+
+  async stop(): Promise<void> {
+    if (this.child.exitCode === null) {
+      const exited = new Promise((ok) => this.child.once("exit", ok));
+      this.child.kill("SIGKILL");
+      await exited;
+    }
+  }
+}
+
+/**
+ * groupSnapshot whose members may call the test server's `weather` (read-only, runs as
+ * called) and `note` (a write: each call waits for a person's approval).
+ */
+export function toolSnapshot(text: string, url: string): Snapshot {
+  const snapshot = groupSnapshot(text);
+  const session = snapshot.session!;
+  session.toolServers = [create(ToolServerSchema, { serverId: "tools", url })];
+  session.tools = [
+    create(ToolSchema, {
+      name: "weather",
+      description: "The weather in a city.",
+      inputSchemaJson: JSON.stringify({ type: "object", properties: { city: { type: "string" } }, required: ["city"] }),
+      serverId: "tools",
+      readOnly: true,
+      approval: ApprovalPolicy.NEVER,
+    }),
+    create(ToolSchema, {
+      name: "note",
+      description: "Writes a note.",
+      inputSchemaJson: JSON.stringify({ type: "object", properties: { text: { type: "string" } }, required: ["text"] }),
+      serverId: "tools",
+      approval: ApprovalPolicy.ALWAYS,
+    }),
+  ];
+  for (const member of snapshot.members) {
+    member.toolNames = ["weather", "note"];
+  }
+  return snapshot;
 }
 
 /** A loopback TCP proxy in front of a sidecar that can cut its connections. */
