@@ -518,14 +518,19 @@ def _commit() -> str:
     """The checked-out commit, read from .git files (no git command)."""
     git = ROOT / ".git"
     try:
+        if git.is_file():  # a worktree: "gitdir: <main>/.git/worktrees/<name>"
+            git = Path(git.read_text().split("gitdir:", 1)[1].strip())
+        common = git
+        if (git / "commondir").exists():  # branches and packed refs live in the main .git
+            common = (git / (git / "commondir").read_text().strip()).resolve()
         head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head[:12]
         ref = head[5:]
-        path = git / ref
+        path = common / ref
         if path.exists():
             return path.read_text().strip()[:12]
-        for line in (git / "packed-refs").read_text().splitlines():
+        for line in (common / "packed-refs").read_text().splitlines():
             if line.endswith(" " + ref):
                 return line.split()[0][:12]
     except OSError:

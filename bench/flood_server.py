@@ -22,7 +22,8 @@ message, each a full `StartRunResponse` with an `assistant_delta`: the raw grpc.
 baseline, measured in the same process and the same run. `/bench.Raw/ModelAlone`
 (`langchain:N` or `native:N`) consumes a bench model in this process with nothing else and
 answers its tokens/s: the model's own ceiling.
-`/bench.Raw/Park` and `/bench.Raw/ParkGraph` are B4's floors (see `raw_handler`).
+`/bench.Raw/Park` and `/bench.Raw/ParkGraph` are B4's floors, `/bench.Raw/Collect` B8's
+garbage check (see `raw_handler`).
 """
 
 from __future__ import annotations
@@ -221,6 +222,9 @@ def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
     StartRunRequest, sends one event and stays parked until the client leaves; `ParkGraph`
     first starts a bare LangGraph run (`bare_graph`) in a task of its own, as the product
     runs a turn, and sends its event once that run is parked in its second node.
+
+    `/bench.Raw/Collect`: B8's garbage check. A full `gc.collect()` in this process; answers
+    `<objects collected> <objects the collector tracks after>` as ASCII.
     """
 
     async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -248,6 +252,10 @@ def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
             async for _ in produce(tokens, 0, 1):
                 pass
         return f"{tokens / (time.perf_counter() - t0):.1f}".encode()
+
+    async def collect(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        collected = gc.collect()
+        return f"{collected} {len(gc.get_objects())}".encode()
 
     async def turn(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         for response in replay or ():
@@ -293,6 +301,7 @@ def raw_handler(replay: list[bytes] | None = None) -> grpc.GenericRpcHandler:
         {
             "Stream": handler,
             "ModelAlone": alone,
+            "Collect": grpc.unary_unary_rpc_method_handler(collect),
             "Turn": replayed,
             "TurnUnparsed": unparsed,
             **parked_handlers,

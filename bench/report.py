@@ -1,4 +1,4 @@
-"""Merges the suite's and the peer's results, judges every goal of issue 7, and writes
+"""Merges the suite's and the peer's results, judges every goal of issues 7, 20 and 21, and writes
 `<out>.json` and `<out>.md` (default bench/results/latest.*); prints the Markdown.
 
 Usage: python bench/report.py --suite FILE --peer FILE [--out bench/results/latest]
@@ -337,6 +337,10 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
         )
     )
     goals.append(goal("B6 time to first new event after resume", "report", ttfe, None, "", "ms"))
+    # B8: tools and approval (issue 20)
+    b8 = suite.get("benches", {}).get("B8", {})
+    if b8 or "B8" in suite.get("errors", {}):
+        goals += judge_b8(suite, b8)
     # B9: parallel speakers
     for name, target, limit in (
         ("parallel_4_over_one", "≤ 1.25", 1.25),
@@ -447,6 +451,84 @@ def judge(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
     return goals
 
 
+def judge_b8(suite: dict[str, Any], b8: dict[str, Any]) -> list[dict[str, Any]]:
+    """B8's goals: RSS per run awaiting approval, decision → first resumed event, and a tool
+    call through the harness ÷ the bare MCP client call."""
+    out = []
+
+    def f(name: str) -> dict[str, Any] | None:
+        return fig(suite, "B8", name)
+
+    def med(name: str) -> Any:
+        return (f(name) or {}).get("median")
+
+    runs = b8.get("runs")
+    for key, target, limit, label in (
+        ("no_stream", "≤ 8 KB", 8, "no stream attached"),
+        ("one_stream", "≤ 32 KB", 32, "one stream attached (its StartRun open)"),
+    ):
+        value = f(f"kb_per_parked_run_{key}")
+        detail = (
+            f"{fmt(runs)} runs; second half alone "
+            f"{fmt(med(f'kb_per_parked_run_{key}_second_half'))} KB/run; with the server's "
+            f"garbage collected every 25 runs {fmt(med(f'kb_per_parked_run_{key}_collected'))}"
+        )
+        if key == "one_stream":
+            detail += f"; a bare grpc.aio stream alone {fmt(med('kb_per_stream_floor_grpc'))}"
+        else:
+            detail += (
+                f"; the collections freed {fmt(med('garbage_objects_per_parked_run'))} "
+                "objects per run"
+            )
+        out.append(
+            goal(
+                f"B8 RSS per run awaiting approval, {label}",
+                target,
+                value,
+                value and value["median"] <= limit,
+                detail,
+                "KB",
+            )
+        )
+    for key, label in (
+        ("no_stream_collected", "B8 the same, no stream, garbage collected every 25 runs"),
+        ("one_stream_collected", "B8 the same, one stream, garbage collected every 25 runs"),
+    ):
+        value = f(f"kb_per_parked_run_{key}")
+        if value is not None:
+            out.append(goal(label, "report", value, None, "bench/flood_server.py", "KB"))
+    first = f("resume_first_event_p99_ms")
+    kinds = b8.get("resume_first_kinds") or {}
+    out.append(
+        goal(
+            "B8 decision → first resumed event on the stream, p99 (SQLite)",
+            "≤ 20 ms",
+            first,
+            first and first["median"] <= 20,
+            f"p50 {fmt(med('resume_first_event_p50_ms'))} ms; first event: "
+            + (", ".join(f"{k} ({v})" for k, v in kinds.items()) or "—")
+            + f"; ResolvePermission answered p50 {fmt(med('resolve_answer_p50_ms'))} ms; "
+            f"→ assistant_final (the tool ran through MCP) p99 "
+            f"{fmt(med('resume_final_p99_ms'))} ms",
+            "ms",
+        )
+    )
+    ratio = f("tool_call_harness_over_bare")
+    out.append(
+        goal(
+            "B8 a tool call through the harness ÷ the bare mcp ClientSession.call_tool (p50)",
+            "≤ 1.3",
+            ratio,
+            ratio and ratio["median"] <= 1.3,
+            f"{fmt(med('tool_call_harness_p50_ms'))} ms vs {fmt(med('tool_call_bare_p50_ms'))} "
+            f"ms; p99 ratio {fmt(med('tool_call_harness_over_bare_p99'))}; traced "
+            f"{fmt(med('tool_call_harness_traced_over_bare'))}",
+            "x",
+        )
+    )
+    return out
+
+
 def all_figures(suite: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
 
@@ -500,7 +582,7 @@ def markdown(
             else ""
         ),
         "",
-        "## Goals (issue 7)",
+        "## Goals (issues 7, 20, 21)",
         "",
         "| goal | target | median | min | max | unit | met | detail |",
         "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",

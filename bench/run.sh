@@ -55,7 +55,7 @@ export BENCH_POSTGRES_DSN=${BENCH_POSTGRES_DSN:-${ROUNDTABLE_TEST_POSTGRES_DSN:-
 # --skip-peer: B1 leaves out its interleaved AutoGen batches too.
 [[ $SKIP_PEER -eq 1 ]] && export BENCH_PEER_PYTHON=""
 
-echo "[bench] suite B1-B6, B9 ${SUITE_ARGS[*]+"${SUITE_ARGS[*]}"}"
+echo "[bench] suite B1-B6, B8, B9 ${SUITE_ARGS[*]+"${SUITE_ARGS[*]}"}"
 "$PY" bench/suite.py "${SUITE_ARGS[@]+"${SUITE_ARGS[@]}"}" --out "$RESULTS/latest.suite.json" || rc=$?
 
 if [[ $SKIP_PEER -eq 0 ]]; then

@@ -1,5 +1,5 @@
-"""Roundtable's benchmark suite: figures B1-B6 and B9 of issues 7 and 21 (B7, the AutoGen peer, runs in its
-own venv: bench/peer_autogen.py). Run with the main venv: `.venv/bin/python bench/suite.py`.
+"""Roundtable's benchmark suite: figures B1-B6, B8 and B9 of issues 7, 20 and 21 (B7, the AutoGen peer,
+runs in its own venv: bench/peer_autogen.py). Run with the main venv: `.venv/bin/python bench/suite.py`.
 
 Every figure is min / median / max over repetitions taken after a warm-up; a repetition of a
 per-turn figure is the mean of a batch of sequential turns. Figures that are compared with
@@ -74,6 +74,11 @@ class Config:
     b5_reps: int
     b5_turns: int
     b6_reps: int
+    b8_runs: int
+    b8_reps: int
+    b8_resumes: int
+    b8_tool_calls: int
+    b8_tool_rounds: int
 
 
 FULL = Config(
@@ -93,6 +98,11 @@ FULL = Config(
     b5_reps=5,
     b5_turns=20,
     b6_reps=5,
+    b8_runs=1_000,
+    b8_reps=3,
+    b8_resumes=200,
+    b8_tool_calls=300,
+    b8_tool_rounds=5,
 )
 
 QUICK = Config(
@@ -112,6 +122,11 @@ QUICK = Config(
     b5_reps=3,
     b5_turns=3,
     b6_reps=1,
+    b8_runs=200,
+    b8_reps=1,
+    b8_resumes=30,
+    b8_tool_calls=100,
+    b8_tool_rounds=3,
 )
 
 
@@ -1582,6 +1597,136 @@ async def bench_b9(cfg: Config, work: Path) -> dict[str, Any]:
     }
 
 
+# -- B8: tools and approval (issue 20) -------------------------------------------------------
+
+B8_TARGETS = ("no_stream", "one_stream", "no_stream_collected", "one_stream_collected")
+"""What B8 parks, each on a fresh server: runs awaiting approval with no stream attached or
+with one (its StartRun kept open), on `roundtable serve` and on bench/flood_server.py with a
+full garbage collection every B8_COLLECT_EVERY runs parked."""
+B8_COLLECT_EVERY = 25
+
+
+async def bench_b8(cfg: Config, work: Path) -> dict[str, Any]:
+    """B8: RSS per run awaiting approval (no stream, one stream), decision → first resumed
+    event, and a tool call through the harness ÷ the bare MCP client call."""
+    sys.path.insert(0, str(BENCH.parent / "tests"))  # the test MCP server
+    import approval
+    import tool_call
+    from support.mcp_server import McpServerProcess
+
+    warmup = 10 if cfg.quick else 20
+    reps: dict[str, list[dict[str, Any]]] = {t: [] for t in B8_TARGETS}
+    floor: list[dict[str, float]] = []
+    mcp = await McpServerProcess(work / "b8-mcp.log").start()
+    try:
+        for rep in range(cfg.b8_reps):
+            for target in B8_TARGETS:
+                collected = target.endswith("_collected")
+                reps[target].append(
+                    await approval.measure_parked(
+                        work,
+                        mcp.url,
+                        f"{target}-{rep}",
+                        runs=cfg.b8_runs,
+                        keep=target.startswith("one_stream"),
+                        warmup=warmup,
+                        resumes=cfg.b8_resumes if target == "one_stream" else 0,
+                        collect_every=B8_COLLECT_EVERY if collected else 0,
+                        flood_server=BENCH / "flood_server.py" if collected else None,
+                    )
+                )
+            # The stream's floor: B4's bare grpc.aio stream parked after one event.
+            floor.append(
+                await _b4_rep(
+                    dataclasses.replace(cfg, b4_runs=cfg.b8_runs), work, 100 + rep, "floor_grpc"
+                )
+            )
+    finally:
+        await mcp.stop()
+    tool = await tool_call.measure_tool_call(
+        work, cfg.b8_tool_calls, cfg.b8_tool_rounds, 20 if cfg.quick else 50
+    )
+
+    def kb(target: str, key: str = "kb_per_run") -> list[float]:
+        return [r[key] for r in reps[target]]
+
+    resumed = [approval.resume_figures(r["resumes"]) for r in reps["one_stream"]]
+    figures = {}
+    for target in B8_TARGETS:
+        figures[f"kb_per_parked_run_{target}"] = summary(kb(target), "KB/run")
+        second = kb(target, "kb_per_run_second_half")
+        figures[f"kb_per_parked_run_{target}_second_half"] = summary(second, "KB/run")
+    figures |= {
+        "kb_per_stream_floor_grpc": summary([f["kb_per_run"] for f in floor], "KB/run"),
+        "garbage_objects_per_parked_run": summary(
+            kb("no_stream_collected", "garbage_objects_per_run"), "objects/run"
+        ),
+        "gc_objects_per_parked_run_no_stream": summary(
+            kb("no_stream_collected", "tracked_objects_per_run"), "objects/run"
+        ),
+        "gc_objects_per_parked_run_one_stream": summary(
+            kb("one_stream_collected", "tracked_objects_per_run"), "objects/run"
+        ),
+        "seconds_to_park_all": summary([r["park_all_s"] for r in reps["no_stream"]], "s"),
+        "resume_first_event_p50_ms": summary([r["first_p50"] for r in resumed], "ms"),
+        "resume_first_event_p99_ms": summary([r["first_p99"] for r in resumed], "ms"),
+        "resolve_answer_p50_ms": summary([r["answer_p50"] for r in resumed], "ms"),
+        "resolve_answer_p99_ms": summary([r["answer_p99"] for r in resumed], "ms"),
+        "resume_final_p50_ms": summary([r["final_p50"] for r in resumed], "ms"),
+        "resume_final_p99_ms": summary([r["final_p99"] for r in resumed], "ms"),
+    }
+    for side in ("harness", "harness_traced"):
+        figures[f"tool_call_{side}_over_bare"] = summary(tool[side]["round_p50_ratios"], "x")
+        figures[f"tool_call_{side}_over_bare_p99"] = summary([tool[side]["ratio_p99"]], "x")
+    for side in ("bare", "harness"):
+        figures[f"tool_call_{side}_p50_ms"] = summary(tool[side]["round_p50_ms"], "ms")
+    first_kinds: dict[str, int] = {}
+    sequences: dict[str, int] = {}
+    for r in resumed:
+        for key, n in r["first_kinds"].items():
+            first_kinds[key] = first_kinds.get(key, 0) + n
+        for key, n in r["sequences"].items():
+            sequences[key] = sequences.get(key, 0) + n
+    return {
+        "figures": figures,
+        "runs": cfg.b8_runs,
+        "resumes": cfg.b8_resumes,
+        "resume_first_kinds": first_kinds,
+        "resume_sequences": sequences,
+        "parts_kb_per_run": {
+            target: [r["parts_kb_per_run"] for r in reps[target]] for target in B8_TARGETS
+        },
+        "rss_mb_by_runs": {
+            target: [r["rss_mb_by_runs"] for r in reps[target]] for target in B8_TARGETS
+        },
+        "tool_call": tool,
+        "notes": (
+            "A fresh server per repetition and variant, the test MCP server "
+            "(tests/support/mcp_server.py) beside it. Each run is a single chat whose member "
+            "calls `note` (APPROVAL_POLICY_ALWAYS): StartRun read until permission_required; "
+            "GetRun then confirms RUN_STATUS_AWAITING_APPROVAL for every run. Warm-up: whole "
+            "approval cycles (10 one at a time with their streams, the rest with their "
+            "clients gone, approved at once). VmRSS 1 s after the warm-up, after each tenth "
+            "of the N runs parked (16 being started at once, 10 channels, 20 tenants) and 1 s "
+            "after the last; KB/run = growth / N; *_second_half = growth over the last N/2 "
+            "runs / (N/2), without the one-off growth of the first runs. no_stream: each "
+            "client cancels its call once asked (disconnect policy CONTINUE: the run stays "
+            "parked). one_stream: each StartRun kept open, idle. *_collected: the same on "
+            "bench/flood_server.py (the product's running_server(), gc.freeze()d like serve) "
+            "with a full gc.collect() before the first run and after every "
+            f"{B8_COLLECT_EVERY} parked (garbage_objects_per_parked_run: what those "
+            "collections freed, per run; gc_objects_*: objects the collector tracks per "
+            "parked run). floor_grpc: B4's bare grpc.aio stream parked after one event, N of "
+            "them. resume: on the first runs of one_stream, one at a time, "
+            "ResolvePermission(approve) sent -> the stream's next event (first_event), the "
+            "answer, and assistant_final (after the tool ran through MCP); p50/p99 per "
+            "repetition. tool_call: bench/tool_call.py, ToolHarness + McpPool vs the mcp "
+            "SDK's ClientSession.call_tool, alternating call by call; the ratio of each "
+            "round's p50s (min/median/max over rounds); *_p99: all rounds' calls pooled."
+        ),
+    }
+
+
 # -- main ---------------------------------------------------------------------------------
 
 BENCHES = {
@@ -1591,6 +1736,7 @@ BENCHES = {
     "B4": bench_b4,
     "B5": bench_b5,
     "B6": bench_b6,
+    "B8": bench_b8,
     "B9": bench_b9,
 }
 

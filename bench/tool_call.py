@@ -92,6 +92,22 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     # As `roundtable serve` logs: INFO, batched, into a file (one audit line per attempt).
     log_file = (work / "serve.log").open("w")
     writer = logs.configure("INFO", log_file)
+    try:
+        return await measure_tool_call(work, args.calls, args.rounds, args.warmup)
+    finally:
+        writer.stop()
+        log_file.close()
+        result_log = work / "serve.log"
+        print(f"audit lines: {_audit_lines(result_log)}", file=sys.stderr)
+
+
+def _audit_lines(path: Path) -> int:
+    return sum(1 for line in path.open() if " roundtable.audit " in line)
+
+
+async def measure_tool_call(work: Path, calls: int, rounds: int, warmup: int) -> dict[str, Any]:
+    """The three sides against a test MCP server started here (its log in `work`); logs go
+    wherever the process's logging is configured (bench/suite.py: INFO into a file)."""
     server = await McpServerProcess(work / "mcp-server.log").start()
     pool = McpPool()
     try:
@@ -121,35 +137,26 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
             samples, round_p50 = await measure(
                 {"bare": bare, "harness": through(plain), "harness_traced": through(traced)},
-                args.calls,
-                args.rounds,
-                args.warmup,
+                calls,
+                rounds,
+                warmup,
             )
         provider.shutdown()
     finally:
         await pool.aclose()
         await server.stop()
-        writer.stop()
-        log_file.close()
-    audit_lines = sum(1 for line in (work / "serve.log").open() if " roundtable.audit " in line)
-    result: dict[str, Any] = {
-        "calls": args.calls,
-        "rounds": args.rounds,
-        "audit_lines": audit_lines,
-    }
+    result: dict[str, Any] = {"calls": calls, "rounds": rounds}
     base = samples["bare"]
     for name, xs in samples.items():
+        ratios = [a / b for a, b in zip(round_p50[name], round_p50["bare"], strict=True)]
         result[name] = {
             "p50_ms": round(percentile(xs, 50), 3),
             "p99_ms": round(percentile(xs, 99), 3),
             "ratio_p50": round(percentile(xs, 50) / percentile(base, 50), 3),
             "ratio_p99": round(percentile(xs, 99) / percentile(base, 99), 3),
-            "round_p50_ratio_median": round(
-                sorted(a / b for a, b in zip(round_p50[name], round_p50["bare"], strict=True))[
-                    len(round_p50[name]) // 2
-                ],
-                3,
-            ),
+            "round_p50_ms": [round(x, 4) for x in round_p50[name]],
+            "round_p50_ratios": [round(r, 4) for r in ratios],
+            "round_p50_ratio_median": round(sorted(ratios)[len(ratios) // 2], 3),
         }
     return result
 
@@ -161,8 +168,7 @@ def _keyed(ref: Any, key: str) -> Any:
 
 def report(result: dict[str, Any]) -> str:
     lines = [
-        f"tool call, {result['calls']} calls x {result['rounds']} rounds per side, alternating "
-        f"({result['audit_lines']} audit lines written)",
+        f"tool call, {result['calls']} calls x {result['rounds']} rounds per side, alternating",
         "",
         "| side | p50 ms | p99 ms | p50 ÷ bare | p99 ÷ bare | per-round p50 ratio (median) |",
         "| --- | --- | --- | --- | --- | --- |",
