@@ -20,7 +20,7 @@ from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.runs.progress import Progress
 from roundtable.runs.registry import LiveRegistry
-from roundtable.store.base import ACTIVE, RunRecord, RunStatus
+from roundtable.store.base import ACTIVE, RunRecord, RunStatus, RunStore
 
 Unpark = Callable[[LiveRun], Awaitable[bool]]
 """Resumes a run this process holds parked; False when it cannot now (no room)."""
@@ -122,3 +122,18 @@ class Approvals:
             if c.needs_approval and c.verdict is Verdict.PENDING
         }
         return [p for key, p in progress.permissions.items() if key in waiting]
+
+
+async def decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[str, ...]) -> bool:
+    """Whether any of the calls the run parked on has a decision recorded already; a stop
+    asked for meanwhile is recorded as one (`cancelled`) for each."""
+    tenant, run_id = live.key
+    if live.stop.requested:
+        for key in call_keys:
+            await store.decide_tool_call(tenant, run_id, key, Verdict.CANCELLED, reason="cancelled")
+        return True
+    for key in call_keys:
+        call = await store.tool_call(tenant, run_id, key)
+        if call is not None and call.verdict is not Verdict.PENDING:
+            return True
+    return False

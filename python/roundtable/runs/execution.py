@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,7 +27,6 @@ from roundtable.domain.events import (
 )
 from roundtable.domain.plan import DirectiveKind, Route
 from roundtable.domain.snapshot import SessionKind
-from roundtable.domain.tools import Verdict
 from roundtable.graph.context import (
     Continuation,
     Drained,
@@ -38,6 +38,7 @@ from roundtable.graph.context import (
 )
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
+from roundtable.runs.approvals import decided_meanwhile
 from roundtable.runs.continuation import claim_continuation
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.live import LiveRun
@@ -194,6 +195,11 @@ class Executor:
             # is recorded); the checkpoint is written and nothing of the graph stays.
             status = RunStatus.AWAITING_APPROVAL
             wake_at = parked.expires_at
+            # LangGraph keeps the exception in its task's writes: with its traceback it
+            # holds the whole torn-down graph run in a cycle until a full collection
+            # (measured: 18.9 -> 12.0 KB of RSS per waiting run, bench B8).
+            traceback.clear_frames(parked.__traceback__)
+            parked.with_traceback(None)
             waiting = parked.call_keys
         except Drained as stop:
             await sink.emit(cancelled_event(stop.reason, live.progress))
@@ -237,7 +243,7 @@ class Executor:
                 keeper.cancel()
             sink.flush()
             await self._finish(live, status, launch, wake_at)
-            if waiting and await self._decided_meanwhile(live, waiting):
+            if waiting and await decided_meanwhile(self.log.store, live, waiting):
                 # A decision or a cancel came between permission_required and the park
                 # (it found the run still executing): it goes on now.
                 self.registry.wake(live)
@@ -357,22 +363,6 @@ class Executor:
             record.owner, record.lease_until = owner, lease_until
             return parked
         return await store.finish_run(record, holder)
-
-    async def _decided_meanwhile(self, live: LiveRun, call_keys: tuple[str, ...]) -> bool:
-        """Whether any of the calls the run parked on has a decision recorded already; a stop
-        asked for meanwhile is recorded as one (`cancelled`) for each."""
-        store, (tenant, run_id) = self.log.store, live.key
-        if live.stop.requested:
-            for key in call_keys:
-                await store.decide_tool_call(
-                    tenant, run_id, key, Verdict.CANCELLED, reason="cancelled"
-                )
-            return True
-        for key in call_keys:
-            call = await store.tool_call(tenant, run_id, key)
-            if call is not None and call.verdict is not Verdict.PENDING:
-                return True
-        return False
 
     async def _finish(
         self, live: LiveRun, status: RunStatus, launch: Launch, wake_at: float = 0.0

@@ -178,6 +178,43 @@ class _Merged:
         )
 
 
+class Latch:
+    """Set once, awaited by few: an `asyncio.Event` without its waiter deque from birth
+    (≈0.7 KB a run; a run waiting for approval may wait for days, bench B8)."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def is_set(self) -> bool:
+        """Whether it was set."""
+        return self._set
+
+    def set(self) -> None:
+        """Sets it and wakes every waiter."""
+        self._set = True
+        for waiter in self._waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters = None
+
+    async def wait(self) -> None:
+        """Returns once it is set (at once if it is)."""
+        if self._set:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if self._waiters is not None and waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
 @dataclass(eq=False)
 class LiveRun:
     """A run that this process is executing (or about to)."""
@@ -188,7 +225,7 @@ class LiveRun:
     stop: StopSignal = field(default_factory=StopSignal)
     backlog: list[Envelope] = field(default_factory=list)
     subscribers: set[Subscription] = field(default_factory=set)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    done: Latch = field(default_factory=Latch)
     task: asyncio.Task[None] | None = None
     in_graph: bool = False
     """Whether the run task is inside the graph now: what `interrupt_graph` may cut short."""

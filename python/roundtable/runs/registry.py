@@ -79,6 +79,9 @@ class LiveRegistry:
             self._per_tenant[live.record.tenant] -= 1
             self._parked[live.key] = launch
         live.task = None
+        # Its events are in the log: a stream attached later reads them from there, and a
+        # run may wait for days.
+        live.backlog = []
         if self.on_park is not None:
             self.on_park()
         if self.on_wake is not None and wake_at:
