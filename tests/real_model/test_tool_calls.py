@@ -13,6 +13,7 @@ import json
 import logging
 
 import pytest
+from roundtable.domain.errors import ModelUnavailable
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import ChatCall, ChatMessage, ModelToolCall, ToolSpec
 from roundtable.models.openai_compat import build_openai_provider
@@ -38,6 +39,16 @@ EARLIER = (
 )
 
 
+async def complete_once_more(provider, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """One provider call, asked once more after a connection llama-server closed as it was
+    reused (seen once in CI): the harness retries that in the product; this test calls the
+    provider below the harness."""
+    try:
+        return await provider.complete(*args, **kwargs)
+    except ModelUnavailable:
+        return await provider.complete(*args, **kwargs)
+
+
 async def test_the_model_calls_a_tool_and_answers_with_its_result(
     llama_server: LlamaServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -48,7 +59,8 @@ async def test_the_model_calls_a_tool_and_answers_with_its_result(
     )
     question = (*EARLIER, ChatMessage("user", "What is the weather in Paris?"))
 
-    asked = await provider.complete(
+    asked = await complete_once_more(
+        provider,
         target,
         ChatCall(messages=question, tools=(WEATHER,), max_tokens=64, temperature=0.0),
         api_key=None,
@@ -64,7 +76,8 @@ async def test_the_model_calls_a_tool_and_answers_with_its_result(
     assert asked.usage.output_tokens > 0 and not asked.usage.counted
 
     streamed: list[str] = []
-    answered = await provider.complete(
+    answered = await complete_once_more(
+        provider,
         target,
         ChatCall(
             messages=(
