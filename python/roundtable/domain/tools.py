@@ -33,13 +33,6 @@ class ToolOutcome(StrEnum):
     FAILED = "failed"
 
 
-class Decision(StrEnum):
-    """A person's answer to a permission request (or what stood for one)."""
-
-    APPROVE = "approve"
-    DENY = "deny"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolServer:
     """An MCP server reached over streamable HTTP."""
@@ -61,8 +54,8 @@ class Tool:
     server_id: str
     approval: ApprovalPolicy = ApprovalPolicy.NEVER
     read_only: bool = False
-    """Safe to run more than once: a failed attempt is retried and no call is recorded
-    before it runs."""
+    """Safe to run more than once: a failed attempt is retried, and the call is not marked
+    started before it is sent."""
     timeout_s: float | None = None
     """Per-attempt timeout; None: the server's default tool timeout."""
 

@@ -10,7 +10,7 @@ no process holds goes on at its next StartRun, which finds the decision in the s
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from roundtable.domain.errors import PermissionDecided, PermissionNotFound, RunNotFound
@@ -129,11 +129,17 @@ async def decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[str
     asked for meanwhile is recorded as one (`cancelled`) for each."""
     tenant, run_id = live.key
     if live.stop.requested:
-        for key in call_keys:
-            await store.decide_tool_call(tenant, run_id, key, Verdict.CANCELLED, reason="cancelled")
+        await cancel_calls(store, tenant, run_id, call_keys)
         return True
     for key in call_keys:
         call = await store.tool_call(tenant, run_id, key)
         if call is not None and call.verdict is not Verdict.PENDING:
             return True
     return False
+
+
+async def cancel_calls(store: RunStore, tenant: str, run_id: str, call_keys: Iterable[str]) -> None:
+    """Records waiting calls of a run being stopped as denied, `cancelled` (a call decided
+    already keeps its decision: the compare-and-set)."""
+    for key in call_keys:
+        await store.decide_tool_call(tenant, run_id, key, Verdict.CANCELLED, reason="cancelled")

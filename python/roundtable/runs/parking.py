@@ -17,6 +17,7 @@ from typing import Any
 
 from roundtable.domain.errors import TooManyRuns
 from roundtable.domain.tools import Verdict
+from roundtable.runs.approvals import cancel_calls
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.execution import Executor
 from roundtable.runs.live import LiveRun
@@ -98,12 +99,9 @@ class Parking:
 
     async def cancel_waiting(self, tenant: str, run_id: str) -> None:
         """Records every waiting call of a run being cancelled as denied (`cancelled`)."""
-        store = self.log.store
-        for call in await store.tool_calls(tenant, run_id):
-            if call.needs_approval and call.verdict is Verdict.PENDING:
-                await store.decide_tool_call(
-                    tenant, run_id, call.call_key, Verdict.CANCELLED, reason="cancelled"
-                )
+        calls = await self.log.store.tool_calls(tenant, run_id)
+        waiting = (c.call_key for c in calls if c.needs_approval and c.verdict is Verdict.PENDING)
+        await cancel_calls(self.log.store, tenant, run_id, waiting)
 
     async def cancel(self, live: LiveRun) -> None:
         """Cancels a run parked here: its waiting calls count as denied, and it goes on to

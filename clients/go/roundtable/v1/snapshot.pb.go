@@ -637,8 +637,9 @@ type Tool struct {
 	// APPROVAL_POLICY_NEVER.
 	Approval ApprovalPolicy `protobuf:"varint,5,opt,name=approval,proto3,enum=roundtable.v1.ApprovalPolicy" json:"approval,omitempty"`
 	// True when the tool changes nothing (a lookup): a call that failed on the
-	// way is retried by the harness, and no pre-call record is written. A
-	// write tool (false) is never retried within an attempt; see the key above.
+	// way is retried by the harness, and it is not marked sent before it is sent
+	// (running it again is harmless). A write tool (false) is never retried
+	// within an attempt, and is marked sent first; see the key above.
 	ReadOnly bool `protobuf:"varint,6,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	// Per-attempt timeout in milliseconds (default 30,000, at most 600,000).
 	TimeoutMs     uint32 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`

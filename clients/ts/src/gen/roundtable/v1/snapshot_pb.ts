@@ -299,8 +299,9 @@ export type Tool = Message<"roundtable.v1.Tool"> & {
 
   /**
    * True when the tool changes nothing (a lookup): a call that failed on the
-   * way is retried by the harness, and no pre-call record is written. A
-   * write tool (false) is never retried within an attempt; see the key above.
+   * way is retried by the harness, and it is not marked sent before it is sent
+   * (running it again is harmless). A write tool (false) is never retried
+   * within an attempt, and is marked sent first; see the key above.
    *
    * @generated from field: bool read_only = 6;
    */
