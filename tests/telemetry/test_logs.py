@@ -1,12 +1,14 @@
-"""Batched log output: every record arrives, in order, formatted, and stop() drains."""
+"""Batched log output: every record arrives, in order, formatted, and stop() drains; a
+deferred record comes out as the line logging would have made."""
 
 from __future__ import annotations
 
 import io
 import logging
 import threading
+import time
 
-from roundtable.telemetry.logs import BatchWriter, StreamTeardownNoise
+from roundtable.telemetry.logs import BatchWriter, Deferred, StreamTeardownNoise, direct_handler
 
 
 class CountingStream(io.StringIO):
@@ -83,3 +85,49 @@ def test_only_the_stream_teardown_detach_failure_is_dropped() -> None:
     assert noise.filter(_detach_failure(None)), "any other detach failure is still logged"
     other = logging.LogRecord("opentelemetry.context", logging.ERROR, __file__, 1, "x", None, None)
     assert noise.filter(other)
+
+
+def test_a_deferred_record_is_written_as_the_same_line_a_logged_one_gives() -> None:
+    stream = CountingStream()
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    writer = BatchWriter(stream, formatter)
+    writer.start()
+    log = _logger(writer, "rt.test.deferred")
+    handler = direct_handler(log, logging.INFO)
+    assert handler is not None, "the writer is the logger's only consumer"
+    created = time.time()
+    handler.defer(Deferred(log.name, logging.INFO, created, lambda: '{"a":1}'))
+    writer.stop()
+    logged = logging.LogRecord(log.name, logging.INFO, "", 0, '{"a":1}', None, None)
+    logged.created, logged.msecs = created, int(created * 1000) % 1000
+    assert stream.getvalue().splitlines() == [formatter.format(logged)]
+    assert stream.getvalue().split(" ", 2)[2].startswith("INFO rt.test.deferred {")
+
+
+def test_records_are_deferred_only_where_the_writer_is_their_only_consumer() -> None:
+    writer = BatchWriter(io.StringIO(), logging.Formatter("%(message)s"))
+    parent = logging.getLogger("rt.test.direct")
+    parent.propagate = False
+    parent.handlers[:] = [writer.handler()]
+    parent.setLevel(logging.INFO)
+    child = logging.getLogger("rt.test.direct.audit")
+    assert direct_handler(child, logging.INFO) is parent.handlers[0], "found up the chain"
+
+    other = logging.StreamHandler(io.StringIO())
+    child.addHandler(other)  # a user's handler (or a test's caplog) sees every record
+    assert direct_handler(child, logging.INFO) is None
+    child.removeHandler(other)
+
+    quiet = logging.StreamHandler(io.StringIO())
+    quiet.setLevel(logging.ERROR)  # a handler that takes no INFO record changes nothing
+    child.addHandler(quiet)
+    assert direct_handler(child, logging.INFO) is parent.handlers[0]
+    child.removeHandler(quiet)
+
+    dropping = logging.Filter("elsewhere")
+    child.addFilter(dropping)  # a filter may drop or change records: log them as usual
+    assert direct_handler(child, logging.INFO) is None
+    child.removeFilter(dropping)
+
+    parent.handlers[:] = []
+    assert direct_handler(child, logging.INFO) is None, "no writer: nothing to defer to"

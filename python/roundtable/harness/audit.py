@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 from roundtable.domain.events import TokenUsage
 from roundtable.harness.request import ModelRequest, ToolRequest
+from roundtable.telemetry.logs import Deferred, direct_handler
 
 AUDIT_LOGGER = "roundtable.audit"
 
@@ -41,6 +42,10 @@ class AuditRecord:
     error: str = ""
     """Why the attempt failed, in Roundtable's own words ("HTTP 503 Service Unavailable",
     "connection refused (ECONNREFUSED)"): never the provider's message or body."""
+
+    def json_line(self) -> str:
+        """The record as one JSON object (the audit line's message)."""
+        return _json_line(self)
 
     @classmethod
     def of(
@@ -104,6 +109,10 @@ class ToolAuditRecord:
     """On a success: the tool ran and reported an error (MCP `isError`)."""
     error_code: str = ""
 
+    def json_line(self) -> str:
+        """The record as one JSON object (the audit line's message)."""
+        return _json_line(self)
+
     @classmethod
     def of(
         cls,
@@ -139,6 +148,12 @@ _FIELDS: dict[type, tuple[str, ...]] = {
 }
 
 
+def _json_line(record: AuditRecord | ToolAuditRecord) -> str:
+    # A flat dict by hand: dataclasses.asdict deep-copies and costs several times more.
+    values = {name: getattr(record, name) for name in _FIELDS[type(record)]}
+    return json.dumps(values, separators=(",", ":"))
+
+
 class Auditor:
     """Writes audit records to the `roundtable.audit` logger as JSON lines."""
 
@@ -146,8 +161,19 @@ class Auditor:
         self.logger = logger or logging.getLogger(AUDIT_LOGGER)
 
     def record(self, record: AuditRecord | ToolAuditRecord) -> None:
-        """Writes one record (cheaply skipped when the logger is off)."""
-        if self.logger.isEnabledFor(logging.INFO):
-            # A flat dict by hand: dataclasses.asdict deep-copies and costs several times more.
-            fields = {name: getattr(record, name) for name in _FIELDS[type(record)]}
-            self.logger.info(json.dumps(fields, separators=(",", ":")))
+        """Writes one record (cheaply skipped when the logger is off).
+
+        Where the serve process's batch writer is the only consumer of the logger, the
+        record itself is handed to it and the JSON is made on its thread: in a served
+        count-off the four lines cost the event loop ≈0.4 ms a turn logged in place
+        (≈50 µs a line amid the turn's other work, and what it evicts from the caches),
+        next to nothing handed over. Anywhere else (a test's caplog, a user's handler) the
+        line is logged here, the same text.
+        """
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        handler = direct_handler(self.logger, logging.INFO)
+        if handler is not None:
+            handler.defer(Deferred(self.logger.name, logging.INFO, time.time(), record.json_line))
+        else:
+            self.logger.info(record.json_line())

@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 _STOP = None
@@ -112,7 +113,7 @@ class BatchWriter:
         self.stream = stream
         self.formatter = formatter
         self.linger_s = linger_s
-        self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.lines: queue.SimpleQueue[str | Deferred | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="roundtable-logs", daemon=True)
 
     def handler(self) -> logging.Handler:
@@ -141,7 +142,7 @@ class BatchWriter:
                     batch.append(self.lines.get_nowait())
                 except queue.Empty:
                     break
-            lines = [line for line in batch if line is not None]
+            lines = [self._line(item) for item in batch if item is not None]
             if lines:
                 try:
                     self.stream.write("\n".join(lines) + "\n")
@@ -151,6 +152,57 @@ class BatchWriter:
             if _STOP in batch:
                 return
 
+    def _line(self, item: str | Deferred) -> str:
+        if isinstance(item, str):
+            return item
+        try:
+            return item.format(self.formatter)
+        except Exception:  # a line that cannot be rendered must not stop the writer
+            return f"(a {item.name} line could not be rendered)"
+
+
+class Deferred:
+    """A record whose message is rendered by the writer thread, off the event loop.
+
+    Only for messages built from immutable data (`render` must give the same text whenever
+    it is called): the audit records, frozen dataclasses of plain values.
+    """
+
+    __slots__ = ("created", "levelno", "name", "render")
+
+    def __init__(self, name: str, levelno: int, created: float, render: Callable[[], str]):
+        self.name = name
+        self.levelno = levelno
+        self.created = created
+        self.render = render
+
+    def format(self, formatter: logging.Formatter) -> str:
+        """The line `formatter` makes of a record logged at `created` with this message."""
+        record = logging.LogRecord(self.name, self.levelno, "", 0, self.render(), None, None)
+        record.created = self.created
+        record.msecs = int(self.created * 1000) % 1000
+        return formatter.format(record)
+
+
+def direct_handler(logger: logging.Logger, level: int) -> _LineHandler | None:
+    """The batch writer's handler when it is the only place `logger`'s records at `level`
+    go (no other handler and no filter on the way): a caller may then hand it a `Deferred`
+    instead of logging. None otherwise (tests' caplog, a user's own handlers or filters),
+    and the caller logs as usual."""
+    found: _LineHandler | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        for handler in current.handlers:
+            if handler.level > level:
+                continue
+            if found is not None or not isinstance(handler, _LineHandler) or handler.filters:
+                return None
+            found = handler
+        current = current.parent if current.propagate else None
+    return found
+
 
 class _LineHandler(logging.Handler):
     """Formats the whole line on the caller's thread and queues it (no I/O here).
@@ -159,9 +211,13 @@ class _LineHandler(logging.Handler):
     change once the call returns.
     """
 
-    def __init__(self, lines: queue.SimpleQueue[str | None]) -> None:
+    def __init__(self, lines: queue.SimpleQueue[str | Deferred | None]) -> None:
         super().__init__()
         self.lines = lines
+
+    def defer(self, item: Deferred) -> None:
+        """Queues a record the writer thread renders and formats (see `direct_handler`)."""
+        self.lines.put(item)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

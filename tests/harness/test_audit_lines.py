@@ -1,0 +1,71 @@
+"""Audit lines come out the same whether the batch writer renders them or logging does."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+from roundtable.harness.audit import AuditRecord, Auditor, ToolAuditRecord
+from roundtable.telemetry.logs import BatchWriter
+
+RECORDS = [
+    AuditRecord(
+        thread_id="t-1",
+        run_id="r-1",
+        request_id="q-1",
+        tenant="acme",
+        caller_node="dispatch",
+        target="llm:offline:m",
+        provider="offline",
+        attempt=1,
+        status="success",
+        latency_ms=0.25,
+        input_tokens=10,
+        output_tokens=2,
+        usage_source="reported",
+    ),
+    ToolAuditRecord(
+        thread_id="t-1",
+        run_id="r-1",
+        request_id="q-1",
+        tenant="acme",
+        caller_node="dispatch",
+        tool="weather",
+        server_id="s1",
+        call_key="reply/0",
+        attempt=1,
+        status="error",
+        latency_ms=3.5,
+        error_code="TIMEOUT",
+    ),
+]
+
+
+def _audit(name: str, *, extra: logging.Handler | None = None) -> list[str]:
+    """Audits RECORDS on logger `name`, whose consumer is a BatchWriter (and `extra`)."""
+    stream = io.StringIO()
+    writer = BatchWriter(stream, logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    writer.start()
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.handlers[:] = [writer.handler(), *([extra] if extra else [])]
+    logger.setLevel(logging.INFO)
+    auditor = Auditor(logger)
+    for record in RECORDS:
+        auditor.record(record)
+    writer.stop()
+    return stream.getvalue().splitlines()
+
+
+def test_the_writer_renders_the_line_logging_would_and_another_handler_sees_it_too() -> None:
+    alone = _audit("rt.test.audit.alone")  # handed to the writer: JSON made on its thread
+    seen = io.StringIO()
+    shared = _audit("rt.test.audit.shared", extra=logging.StreamHandler(seen))  # logged
+    strip = [line.split(" ", 2)[2] for line in alone]
+    assert strip == [line.split(" ", 2)[2] for line in shared]
+    assert [json.loads(text) for text in strip] == [
+        {name: getattr(r, name) for name in r.__dataclass_fields__} for r in RECORDS
+    ]
+    assert seen.getvalue().splitlines() == strip, "the other handler got every record"
+    assert alone[0].startswith("INFO rt.test.audit.alone {")
