@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from roundtable.harness.audit import AuditRecord, Auditor, ToolAuditRecord
+from roundtable.harness.audit import Auditor, AuditRecord, ToolAuditRecord
 from roundtable.telemetry.logs import BatchWriter
 
 RECORDS = [
