@@ -99,18 +99,26 @@ func TestC1CleanTurn(t *testing.T) {
 
 func TestC2StreamCut(t *testing.T) {
 	server := startSidecar(t, "--offline-token-delay-ms", "5")
-	for _, k := range []int{1, 3, -2} { // -2: right after the 2nd assistant_final
-		name := fmt.Sprintf("after_%d_messages", k)
-		if k < 0 {
-			name = "after_2nd_final"
-		}
+	// k = 1: the proxy cuts after the first message on the wire (the library may not have
+	// yielded it yet). 3: cut as the caller sees its 3rd event; -2: as it sees the 2nd
+	// final. Counted on the wire, a cut can take messages the library had received but not
+	// yet yielded, and it then rightly starts again.
+	for _, k := range []int{1, 3, -2} {
+		name := map[int]string{1: "after_1_message", 3: "after_3rd_event", -2: "after_2nd_final"}[k]
 		t.Run(name, func(t *testing.T) {
-			proxy := startProxy(t, server.address(), max(k, 0))
+			wire := 0
+			if k == 1 {
+				wire = 1
+			}
+			proxy := startProxy(t, server.address(), wire)
 			c := connect(t, proxy.address(), client.DialOptions{})
 			runID := "c2-" + name
-			finals := 0
+			events, finals := 0, 0
 			col := turnOf(ctxFor(t, time.Minute), t, c, demoRequest(runID, "t-"+runID, "@all tell me about your day"), nil,
 				func(ev *roundtablev1.RunEvent, _ *collected) {
+					if events++; k == 3 && events == 3 {
+						proxy.Cut()
+					}
 					if ev.GetAssistantFinal() != nil {
 						if finals++; k < 0 && finals == -k {
 							proxy.Cut()

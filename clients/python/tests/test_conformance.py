@@ -49,27 +49,38 @@ async def test_c1_clean_turn(sidecar) -> None:
 
 
 @pytest.mark.parametrize(
-    "k", [1, 3, -2], ids=["after_1_message", "after_3_messages", "after_2nd_final"]
+    ("wire", "seen_events", "finals_seen"),
+    [(1, 0, 0), (0, 3, 0), (0, 0, 2)],
+    ids=["after_1_message", "after_3rd_event", "after_2nd_final"],
 )
-async def test_c2_stream_cut(sidecar, k: int) -> None:
+async def test_c2_stream_cut(sidecar, wire: int, seen_events: int, finals_seen: int) -> None:
+    """The connection dies after the first message on the wire (the client may not have
+    yielded it yet), or once the caller has seen its 3rd event or its 2nd final (cut from
+    the caller's callback: counting on the wire, the client can lose messages it had
+    received but not yet yielded when the connection goes, and rightly starts again)."""
     server = await sidecar("--offline-token-delay-ms", "5")
-    proxy = CutProxy(server.address, after=max(k, 0))
+    proxy = CutProxy(server.address, after=wire)
     address = await proxy.start()
-    finals = 0
+    events = finals = 0
 
-    def cut_after_second_final(event: events_pb2.RunEvent) -> None:
-        nonlocal finals
+    def cut_when_seen(event: events_pb2.RunEvent) -> None:
+        nonlocal events, finals
+        events += 1
+        if events == seen_events:
+            proxy.cut()
         if event.HasField("assistant_final"):
             finals += 1
-            if k < 0 and finals == -k:
+            if finals == finals_seen:
                 proxy.cut()
 
     try:
         async with Client.connect(address) as client:
             seen = await collect(
                 client,
-                demo_request(f"c2-{k}", "@all tell me about your day"),
-                on_event=cut_after_second_final,
+                demo_request(
+                    f"c2-{wire}-{seen_events}-{finals_seen}", "@all tell me about your day"
+                ),
+                on_event=cut_when_seen,
             )
     finally:
         await proxy.close()
@@ -79,7 +90,7 @@ async def test_c2_stream_cut(sidecar, k: int) -> None:
         if seen_retry.last_seen > 0:  # events were yielded: re-attach right after the last
             assert seen_retry.retry.op == "StreamRun"
             assert seen_retry.retry.after_seq == seen_retry.last_seen
-    if k != 1:
+    if not wire:
         assert any(r.retry.op == "StreamRun" for r in seen.retries)
 
 
