@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from roundtable.api.limits import RequestLimits
 from roundtable.api.wire import ReceivedStartRun
-from roundtable.codec.events import plan_steps_to_proto, timestamp
+from roundtable.codec.events import plan_steps_to_proto
 from roundtable.codec.fingerprint import fingerprint, legacy_fingerprint
+from roundtable.codec.timestamps import seconds_of, timestamp
 from roundtable.codec.tool_events import permission_to_proto
 from roundtable.domain.events import PermissionRequired
 from roundtable.domain.snapshot import (
@@ -222,7 +223,7 @@ def _member(member: spb.Member) -> Member:
                 memory_id=m.memory_id,
                 content=m.content,
                 importance=m.importance,
-                updated_at=m.updated_at.seconds + m.updated_at.nanos / 1e9,
+                updated_at=seconds_of(m.updated_at),
             )
             for m in member.memories
         ),

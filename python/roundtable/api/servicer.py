@@ -29,7 +29,8 @@ from roundtable.api.limits import RequestLimits
 from roundtable.api.validate_tools import validate_resolve
 from roundtable.api.validation import validate_cancel, validate_run_ids, validate_start_run
 from roundtable.api.wire import ReceivedStartRun
-from roundtable.codec.events import encode, kind_of, timestamp
+from roundtable.codec.events import encode, kind_of
+from roundtable.codec.timestamps import timestamp
 from roundtable.domain.errors import InvalidRequest, RoundtableError
 from roundtable.domain.snapshot import Budgets, DisconnectPolicy
 from roundtable.domain.tools import Verdict

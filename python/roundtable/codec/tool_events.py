@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from google.protobuf.struct_pb2 import Struct
 
+from roundtable.codec.timestamps import seconds_of, set_timestamp
 from roundtable.domain import events as ev
 from roundtable.domain.tools import ToolCallSummary, ToolOutcome
 from roundtable.v1 import events_pb2 as epb
@@ -60,8 +61,7 @@ def encode_permission(e: ev.PermissionRequired, p: epb.PermissionRequired) -> No
     arguments = arguments_struct(e.arguments_json)
     if arguments is not None:
         p.arguments.CopyFrom(arguments)
-    whole = int(e.expires_at)
-    p.expires_at.seconds, p.expires_at.nanos = whole, int((e.expires_at - whole) * 1e9)
+    set_timestamp(p.expires_at, e.expires_at)
 
 
 def arguments_struct(arguments_json: str) -> Struct | None:
@@ -88,5 +88,5 @@ def decode_permission(p: epb.PermissionRequired) -> ev.PermissionRequired:
         step=p.step,
         tool_name=p.tool_name or p.action,
         arguments_json=p.arguments_json,
-        expires_at=p.expires_at.seconds + p.expires_at.nanos / 1e9,
+        expires_at=seconds_of(p.expires_at),
     )
