@@ -148,6 +148,11 @@ class ToolCallRecord:
         """The arguments the call runs with: a person's edit, else the model's."""
         return self.edited_arguments_json or self.arguments_json
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the call waits for a person's decision."""
+        return self.needs_approval and self.verdict is Verdict.PENDING
+
 
 class ToolCallStore(Protocol):
     """The tool calls of runs (`roundtable.store.tool_calls`). Every call commits."""

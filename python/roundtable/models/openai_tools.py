@@ -94,11 +94,7 @@ async def stream_tool_reply(
                         for piece in getattr(delta, "tool_calls", None) or ():
                             if budget.spent:
                                 break
-                            function = getattr(piece, "function", None)
-                            size = len(getattr(function, "name", None) or "") + len(
-                                getattr(function, "arguments", None) or ""
-                            )
-                            if budget.admits(size):
+                            if budget.admits(_fragment_chars(piece)):
                                 calls.add_openai(piece)
                         if budget.spent:
                             stop_now(stop)
@@ -138,28 +134,28 @@ async def unstreamed_tool_reply(
         on_text(text)
     calls = ToolCallAccumulator()
     for position, entry in enumerate(getattr(message, "tool_calls", None) or ()):
-        function = getattr(entry, "function", None)
-        size = len(getattr(function, "name", None) or "") + len(
-            getattr(function, "arguments", None) or ""
-        )
-        if not budget.admits(size):
+        if not budget.admits(_fragment_chars(entry)):
             break
         calls.add_openai(entry, index=position)
     reported = getattr(completion, "usage", None)
-    usage = (
-        token_usage(reported)
-        if reported is not None
-        else TokenUsage(output_tokens=budget.chunks, counted=True)
+    finish_reason = str(getattr(choices[0], "finish_reason", None) or "") if choices else ""
+    return finish_reply(
+        [text],
+        token_usage(reported) if reported is not None else None,
+        finish_reason,
+        budget,
+        name,
+        calls,
+        ends_with_finish_reason=False,  # a whole response: nothing was cut off
     )
-    finish_reason = str(getattr(choices[0], "finish_reason", None) or "stop") if choices else "stop"
-    if budget.spent:
-        finish_reason = "length"
-    return ChatResult(
-        text=text,
-        usage=usage,
-        finish_reason=finish_reason,
-        model=name,
-        tool_calls=() if budget.spent else calls.calls(),
+
+
+def _fragment_chars(piece: Any) -> int:
+    """What a tool call (or a streamed fragment of one) counts against the output budget:
+    its function name and arguments, as text."""
+    function = getattr(piece, "function", None)
+    return len(getattr(function, "name", None) or "") + len(
+        getattr(function, "arguments", None) or ""
     )
 
 

@@ -3,8 +3,10 @@
 A decision is a compare-and-set on the call's row (`ToolCallStore.decide_tool_call`): the
 first one recorded wins, on any replica, and the same decision again answers the same. It
 is durable before ResolvePermission answers. Then, where this process holds the run
-parked (with its snapshot and credentials in memory), the run goes on here at once; a run
-no process holds goes on at its next StartRun, which finds the decision in the store.
+parked (with its snapshot and credentials in memory), the run goes on here at once; where
+another replica keeps it parked, that replica's watch finds the decision and it goes on
+there; a run no process holds goes on at its next StartRun, which finds the decision in
+the store.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class Resolution:
     record: RunRecord
     progress: Progress
     resumed: bool
-    """Whether the run went on in this process (else: at its next StartRun, or on the
-    replica that holds it)."""
+    """Whether the run goes on without another StartRun: here, or on the replica that
+    keeps it parked (else: at its next StartRun, where no replica holds it or this one
+    has no room now)."""
 
 
 class Approvals:
@@ -116,11 +119,7 @@ class Approvals:
         """The run's permission requests still waiting for a decision, as announced."""
         if not progress.permissions:
             return []
-        waiting = {
-            c.call_key
-            for c in await self.log.store.tool_calls(tenant, run_id)
-            if c.needs_approval and c.verdict is Verdict.PENDING
-        }
+        waiting = {c.call_key for c in await self.log.store.tool_calls(tenant, run_id) if c.waiting}
         return [p for key, p in progress.permissions.items() if key in waiting]
 
 

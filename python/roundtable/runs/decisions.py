@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from roundtable.runs.live import LiveRun
-from roundtable.store.base import ACTIVE, RESUMABLE, RunRecord, RunStatus
+from roundtable.store.base import LEASED, RESUMABLE, RunRecord
 
 
 class StartAction(enum.Enum):
@@ -34,13 +34,10 @@ def decide_start(
         return StartAction.ATTACH
     if record is None:
         return StartAction.LAUNCH
-    if record.status in ACTIVE:
-        # Leased elsewhere: follow. Otherwise the process that ran it is gone: resume.
-        return StartAction.FOLLOW if record.leased_by_other(owner, now) else StartAction.LAUNCH
-    if record.status is RunStatus.AWAITING_APPROVAL:
-        # Waiting for approval: another replica keeps it parked (follow; it resumes there),
-        # or nobody does (its server stopped): it goes on here, and parks again at once if
-        # its call is still undecided.
+    if record.status in LEASED:
+        # Leased elsewhere: follow (a run waiting for approval resumes where it is kept).
+        # Otherwise the process that held it is gone: it goes on here (a waiting run parks
+        # again at once if its call is still undecided).
         return StartAction.FOLLOW if record.leased_by_other(owner, now) else StartAction.LAUNCH
     if record.status in RESUMABLE:
         return StartAction.LAUNCH

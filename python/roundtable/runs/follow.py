@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from roundtable.domain.errors import RoundtableError, RunOrphaned
 from roundtable.runs.live import Subscription
 from roundtable.runs.log import EventLog
-from roundtable.store.base import ACTIVE, RunRecord, RunStatus
+from roundtable.store.base import LEASED, RunRecord
 
 Takeover = Callable[[], Awaitable[Subscription]]
 """Starts the followed run here (the same StartRun again), once its replica died."""
@@ -64,7 +64,7 @@ class Follower:
                 await asyncio.sleep(self.poll_s)
                 continue
             record = await store.get_run(tenant, run_id)
-            if record is None or record.status not in ACTIVE | {RunStatus.AWAITING_APPROVAL}:
+            if record is None or record.status not in LEASED:
                 if await store.read_events(tenant, run_id, seen):
                     continue  # appended between the two reads: hand them on first
                 sub.end()

@@ -72,17 +72,19 @@ class EventLog:
             message=f"the execution stopped before its end (its process ended); {why}",
             retryable=retryable,
         )
-        envelope = seal(record.run_id, last_seq + 1, time.time(), failed)
-        stored = StoredEvent(envelope.seq, kind_of(failed), envelope.wire)
-        await self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
-        return envelope
+        return await self._append(record, last_seq + 1, failed, owner)
 
     async def append(self, record: RunRecord, event: Event, *, owner: str | None = None) -> int:
         """Appends one event after the log's last (outside any execution); its seq."""
-        envelope = seal(record.run_id, record.last_seq + 1, time.time(), event)
+        return (await self._append(record, record.last_seq + 1, event, owner)).seq
+
+    async def _append(
+        self, record: RunRecord, seq: int, event: Event, owner: str | None
+    ) -> Envelope:
+        envelope = seal(record.run_id, seq, time.time(), event)
         stored = StoredEvent(envelope.seq, kind_of(event), envelope.wire)
         await self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
-        return envelope.seq
+        return envelope
 
     async def close_if_open(self, tenant: str, run_id: str) -> None:
         """Closes the log of a run whose process died mid-execution (retryable), if its

@@ -40,7 +40,7 @@ from roundtable.runs.progress import Progress
 from roundtable.runs.registry import LiveRegistry
 from roundtable.runs.replay import replay
 from roundtable.runs.threads import claim_thread
-from roundtable.store.base import ACTIVE, RESUMABLE, RunRecord, RunStatus
+from roundtable.store.base import ACTIVE, LEASED, RESUMABLE, RunRecord, RunStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +301,7 @@ class RunManager:
         record = await self.log.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
-        following = record.status in ACTIVE or record.status is RunStatus.AWAITING_APPROVAL
-        if following and record.leased_by_other(self.owner, time.time()):
+        if record.status in LEASED and record.leased_by_other(self.owner, time.time()):
             return self.follower.follow(record, after_seq=after_seq)
         return await replay(self.log, record, after_seq=after_seq, strict=True)
 
@@ -343,9 +342,12 @@ class RunManager:
             return CancelResult(True, live.record, live.progress)
         record, progress = await self.describe(tenant, run_id)
         if record.status is RunStatus.AWAITING_APPROVAL:
-            accepted = await self.parking.cancel_elsewhere(record, reason or "cancel_requested")
+            reason = reason or "cancel_requested"
+            if await self.parking.cancel_elsewhere(record, progress, reason):
+                return CancelResult(True, record, progress)  # the record as it is now
+            # It moved on between the read and the cancel: say so, as it is now.
             record, progress = await self.describe(tenant, run_id)
-            return CancelResult(accepted, record, progress)
+            return CancelResult(False, record, progress)
         if record.status in ACTIVE and record.leased_by_other(self.owner, time.time()):
             # Another replica runs it: record the cancel there; it stops at its next
             # speaker boundary (an immediate cancel within a third of a lease).

@@ -16,13 +16,12 @@ import time
 from typing import Any
 
 from roundtable.domain.errors import TooManyRuns
-from roundtable.domain.tools import Verdict
 from roundtable.runs.approvals import cancel_calls
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.execution import Executor
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
-from roundtable.runs.progress import cancelled_event
+from roundtable.runs.progress import Progress, cancelled_event
 from roundtable.runs.registry import LiveRegistry
 from roundtable.store.base import RunRecord, RunStatus
 
@@ -100,7 +99,7 @@ class Parking:
     async def cancel_waiting(self, tenant: str, run_id: str) -> None:
         """Records every waiting call of a run being cancelled as denied (`cancelled`)."""
         calls = await self.log.store.tool_calls(tenant, run_id)
-        waiting = (c.call_key for c in calls if c.needs_approval and c.verdict is Verdict.PENDING)
+        waiting = (c.call_key for c in calls if c.waiting)
         await cancel_calls(self.log.store, tenant, run_id, waiting)
 
     async def cancel(self, live: LiveRun) -> None:
@@ -109,17 +108,18 @@ class Parking:
         await self.cancel_waiting(*live.key)
         await self.unpark(live)
 
-    async def cancel_elsewhere(self, record: RunRecord, reason: str) -> bool:
+    async def cancel_elsewhere(self, record: RunRecord, progress: Progress, reason: str) -> bool:
         """Cancels a waiting run this process does not hold. Another replica keeps it
         parked: the cancel is recorded for it (its watch wakes it). Nobody does (its server
-        stopped): its log is closed here with run_cancelled. False when it moved on."""
+        stopped): its log is closed here with run_cancelled, and `record` updated in place
+        (`progress`, read from its log, does not change with a run_cancelled). False when
+        it moved on."""
         store, owner = self.log.store, self.coordination.owner
         await self.cancel_waiting(record.tenant, record.run_id)
         if record.leased_by_other(owner, time.time()):
             return await store.request_cancel(record.tenant, record.run_id, "graceful", reason)
         if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
             return False
-        progress = await self.log.progress(record)
         cancelled = cancelled_event(reason, progress)
         record.last_seq = await self.log.append(record, cancelled, owner=owner)
         record.status = RunStatus.CANCELLED

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, KeysView
 from typing import TYPE_CHECKING
 
 from roundtable.domain.errors import TooManyRuns
@@ -94,9 +94,10 @@ class LiveRegistry:
         if self.on_wake is not None and live.key in self._parked:
             self.on_wake(live)
 
-    def parked_keys(self) -> frozenset[tuple[str, str]]:
-        """The (tenant, run_id) of the runs parked here."""
-        return frozenset(self._parked)
+    def parked_keys(self) -> KeysView[tuple[str, str]]:
+        """The (tenant, run_id) of the runs parked here: a live view, not a copy (the
+        parked-run watch asks for it every 0.2 s)."""
+        return self._parked.keys()
 
     def parked(self, tenant: str, run_id: str) -> Launch | None:
         """How a parked run was launched, when this process holds it parked."""

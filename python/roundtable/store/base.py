@@ -49,6 +49,9 @@ RESUMABLE = frozenset({RunStatus.CANCELLED, RunStatus.INTERRUPTED})
 """Runs that stopped before their end and resume on the same StartRun."""
 ACTIVE = frozenset({RunStatus.RUNNING, RunStatus.QUEUED})
 """Runs that a process executes (or is about to)."""
+LEASED = ACTIVE | {RunStatus.AWAITING_APPROVAL}
+"""Runs a replica may hold under a lease: executing, or parked for approval and kept by
+the replica that holds their snapshot."""
 
 
 class LeaseLost(Exception):

@@ -165,6 +165,9 @@ TABLES = (RUNS, EVENTS, TOOL_CALLS)
 INDEXES = (
     Index("rt_runs_thread", RUNS.name, ("tenant", "thread_id", "created_at")),
     Index("rt_runs_continued", RUNS.name, ("tenant", "continued_by")),
+    # The parked-run watch (every 0.2 s per replica while anything waits) and the lease
+    # renewal of parked runs look runs up by status and owner.
+    Index("rt_runs_parked", RUNS.name, ("status", "owner")),
     Index("rt_tool_calls_expiry", TOOL_CALLS.name, ("verdict", "needs_approval", "expires_at")),
 )
 

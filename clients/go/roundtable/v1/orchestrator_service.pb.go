@@ -994,8 +994,9 @@ type ResolvePermissionResponse struct {
 	// The run as it is now (RUN_STATUS_AWAITING_APPROVAL while other requests
 	// of it still wait).
 	Run *Run `protobuf:"bytes,3,opt,name=run,proto3" json:"run,omitempty"`
-	// True when the run went on at once (on this replica). False when no
-	// replica holds the run waiting (its server stopped): the decision is kept,
+	// True when the run goes on without another StartRun: here, or on the
+	// replica that keeps it waiting. False when no replica holds the run (its
+	// server stopped) or this one has no room for it now: the decision is kept,
 	// and the run goes on when the gateway sends the same StartRun again.
 	Resumed       bool `protobuf:"varint,4,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -388,8 +388,9 @@ export type ResolvePermissionResponse = Message<"roundtable.v1.ResolvePermission
   run?: Run | undefined;
 
   /**
-   * True when the run went on at once (on this replica). False when no
-   * replica holds the run waiting (its server stopped): the decision is kept,
+   * True when the run goes on without another StartRun: here, or on the
+   * replica that keeps it waiting. False when no replica holds the run (its
+   * server stopped) or this one has no room for it now: the decision is kept,
    * and the run goes on when the gateway sends the same StartRun again.
    *
    * @generated from field: bool resumed = 4;
