@@ -100,7 +100,7 @@ checkgenerate-ts: ## Fail when clients/ts/src/gen is not what proto/ generates
 	cd $(TS_CLIENT) && test -x node_modules/.bin/protoc-gen-es || $(NPM_CI); \
 	$(BUF) generate -o "$$tmp" && diff -r "$$tmp/src/gen" src/gen && echo "generated TypeScript code is current"
 
-test-clients-ts: venv ## The TypeScript client's conformance tests (C1-C7) and the TS gateway's, against real sidecars
+test-clients-ts: venv ## The TypeScript client's conformance tests (C1-C8) and the TS gateway's, against real sidecars
 	cd $(TS_CLIENT) && $(NPM_CI)
 	$(MAKE) --no-print-directory checkgenerate-ts
 	cd $(TS_CLIENT) && npx tsc -p tsconfig.json && npx tsc -p tsconfig.test.json

@@ -1,15 +1,15 @@
 """B8 (issue 20): runs waiting for a person's approval, and the decision that resumes them.
 
 Against a real `roundtable serve` on a SQLite file and the test MCP server
-(tests/support/mcp_server.py), one fresh `serve` per repetition:
+(tests/support/mcp_server.py), one fresh `serve` per repetition and variant:
 
-1. warm-up: whole approval cycles (park, decide, run to the end), half of them with the
-   client gone while the run waited;
+1. warm-up: whole approval cycles (park, decide, run to the end); in full mode half of
+   them with the client gone while the run waited (quick mode: all followed);
 2. `no_stream`: N runs parked with no stream attached. Each is a StartRun whose member calls
    `note` (APPROVAL_POLICY_ALWAYS): the client reads until `permission_required`, then
    cancels its call; the run stays parked (the default disconnect policy is CONTINUE), which
    GetRun confirms for every run (RUN_STATUS_AWAITING_APPROVAL). VmRSS growth ÷ N;
-3. `one_stream`: N more, each StartRun kept open (its stream attached, idle). Growth ÷ N;
+3. `one_stream` (a server of its own): N runs, each StartRun kept open (its stream attached, idle). Growth ÷ N;
 4. `resume`: on L of the runs of (3), one at a time: ResolvePermission(approve) sent → the
    next event on the run's stream (the resumed speaker's `speaker_started`: the tool runs
    after it), and → `assistant_final` (the tool call through MCP included).

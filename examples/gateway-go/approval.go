@@ -405,13 +405,6 @@ func (t *Turn) reportLocked(ctx context.Context, res *PermissionResult, result, 
 }
 
 // printf prints from a decider, between the event loop's prints.
-func (t *Turn) printf(format string, args ...any) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.endLine()
-	fmt.Fprintf(t.Out, format, args...)
-}
-
 func (t *Turn) nameOf(memberID string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -17,7 +17,7 @@ import pytest
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
-from support.approvals import Reader, tool_request, waiting_run
+from support.approvals import APPROVE, Reader, resolve, tool_request, waiting_run
 from support.builders import collect, finals, kinds, of_kind
 from support.mcp_server import McpServerProcess
 from support.process import ServerProcess
@@ -58,12 +58,7 @@ async def test_killed_while_waiting_then_approved_on_another_server_runs_the_too
                     asked.permission_request_id
                 ]
                 answer = await stub.ResolvePermission(
-                    pb.ResolvePermissionRequest(
-                        run_id="kill-wait",
-                        tenant="tenant-1",
-                        permission_request_id=asked.permission_request_id,
-                        decision=pb.PERMISSION_DECISION_APPROVE,
-                    )
+                    resolve("kill-wait", asked.permission_request_id, APPROVE)
                 )
                 assert not answer.resumed, "no server holds the run: the next StartRun resumes it"
                 events = await collect(stub.StartRun(request))
@@ -105,12 +100,7 @@ async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_i
                 if response.event.HasField("permission_required"):
                     asked = response.event.permission_required
                     await stub.ResolvePermission(
-                        pb.ResolvePermissionRequest(
-                            run_id="kill-ran",
-                            tenant="tenant-1",
-                            permission_request_id=asked.permission_request_id,
-                            decision=pb.PERMISSION_DECISION_APPROVE,
-                        )
+                        resolve("kill-ran", asked.permission_request_id, APPROVE)
                     )
                     break
             async with asyncio.timeout(20):
@@ -161,12 +151,7 @@ async def test_a_run_waiting_on_replica_a_is_approved_and_cancelled_through_repl
             on_b = Reader(b_stub.StartRun(request))
             await on_b.until("permission_required")
             answer = await b_stub.ResolvePermission(
-                pb.ResolvePermissionRequest(
-                    run_id="two-a",
-                    tenant="tenant-1",
-                    permission_request_id=asked.permission_request_id,
-                    decision=pb.PERMISSION_DECISION_APPROVE,
-                )
+                resolve("two-a", asked.permission_request_id, APPROVE)
             )
             assert answer.resumed, "A keeps the run and resumes it"
             a_events, b_events = await on_a.end(), await on_b.end()

@@ -26,15 +26,6 @@ pytestmark = [pytest.mark.go, pytest.mark.e2e]
 
 
 @pytest.fixture
-async def mcp(tmp_path: Path) -> AsyncIterator[McpServerProcess]:
-    server = await McpServerProcess(tmp_path / "mcp.log").start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
 async def sidecar(tmp_path: Path) -> AsyncIterator[ServerProcess]:
     server = await ServerProcess(
         tmp_path / "rt.db", tmp_path / "rt.log", "--offline-token-delay-ms", "2"

@@ -15,7 +15,7 @@ from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
-from support.approvals import Reader, tool_request, waiting_run
+from support.approvals import APPROVE, DENY, Reader, resolve, tool_request, waiting_run
 from support.builders import collect, finals, kinds, member, model_ref, of_kind
 from support.mcp_server import McpServerProcess
 
@@ -101,14 +101,7 @@ async def test_in_a_parallel_group_the_others_finish_while_one_speaker_waits(
     # The two without tools answered; the one waiting holds the run.
     assert sorted(f.member_id for f in finals(reader.events)) == ["kai", "lin"]
     assert list(run.finished_reply_ids) == ["par-wait#1", "par-wait#2"]
-    await stub.ResolvePermission(
-        pb.ResolvePermissionRequest(
-            run_id="par-wait",
-            tenant="tenant-1",
-            permission_request_id=asked.permission_request_id,
-            decision=pb.PERMISSION_DECISION_APPROVE,
-        )
-    )
+    await stub.ResolvePermission(resolve("par-wait", asked.permission_request_id, APPROVE))
     events = await reader.end()
     assert kinds(events)[-1] == "run_completed"
     assert sorted(f.member_id for f in finals(events)) == ["kai", "lin", "mei"]
@@ -149,18 +142,10 @@ async def test_a_parallel_speaker_resumed_after_approval_does_not_see_its_groups
         for e in reader.events
         if e.HasField("permission_required")
     }
-    for who, decision in (
-        ("lin", pb.PERMISSION_DECISION_DENY),
-        ("mei", pb.PERMISSION_DECISION_APPROVE),
-    ):
+    for who, decision in (("lin", DENY), ("mei", APPROVE)):
+        reason = "不行" if who == "lin" else ""
         await stub.ResolvePermission(
-            pb.ResolvePermissionRequest(
-                run_id="par-see",
-                tenant="tenant-1",
-                permission_request_id=asked[who].permission_request_id,
-                decision=decision,
-                reason="不行" if who == "lin" else "",
-            )
+            resolve("par-see", asked[who].permission_request_id, decision, reason=reason)
         )
         if who == "lin":
             async with asyncio.timeout(20):

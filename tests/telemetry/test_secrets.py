@@ -18,6 +18,17 @@ from support.otlp import OtlpReceiver
 from support.stores import written_bytes
 
 
+def leak_places(store_url: str, events: list, caplog, receiver: OtlpReceiver) -> dict[str, str]:
+    """The text of every place a secret must never reach, once a run is over."""
+    assert any(r.name == "roundtable.audit" for r in caplog.records), "audit lines were captured"
+    return {
+        "database": written_bytes(store_url).decode("utf-8", "replace"),
+        "event stream": "".join(e.SerializeToString().decode("utf-8", "replace") for e in events),
+        "logs": "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records),
+        "spans": json.dumps([(s.name, s.attributes) for s in receiver.spans], default=str),
+    }
+
+
 async def test_secret_never_leaves_the_runtime_context(start_server, store_url, caplog) -> None:
     secret = f"sk-canary-{uuid.uuid4().hex}"
     persona = f"PERSONA-CANARY-{uuid.uuid4().hex}"
@@ -59,13 +70,7 @@ async def test_secret_never_leaves_the_runtime_context(start_server, store_url, 
                 telemetry.force_flush()
     assert len(finals(events)) == 2, "the run went through, retry included"
 
-    places = {
-        "database": written_bytes(store_url).decode("utf-8", "replace"),
-        "event stream": "".join(e.SerializeToString().decode("utf-8", "replace") for e in events),
-        "logs": "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records),
-        "spans": json.dumps([(s.name, s.attributes) for s in receiver.spans], default=str),
-    }
-    assert any(r.name == "roundtable.audit" for r in caplog.records), "audit lines were captured"
+    places = leak_places(store_url, events, caplog, receiver)
     assert receiver.spans, "spans were exported"
     for where, text in places.items():
         assert secret not in text, f"the secret leaked into the {where}"
@@ -105,11 +110,6 @@ async def test_a_tool_servers_token_never_leaves_the_runtime_context(
     assert "Sunny, 21°C in Paris" in final.content, "the token was accepted by the server"
     assert ran == {"tool-canary#0/1": 1}
     assert any(s.name == "execute_tool weather" for s in receiver.spans)
-    places = {
-        "database": written_bytes(store_url).decode("utf-8", "replace"),
-        "event stream": "".join(e.SerializeToString().decode("utf-8", "replace") for e in events),
-        "logs": "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records),
-        "spans": json.dumps([(s.name, s.attributes) for s in receiver.spans], default=str),
-    }
+    places = leak_places(store_url, events, caplog, receiver)
     for where, text in places.items():
         assert secret not in text, f"the tool server's token leaked into the {where}"

@@ -426,8 +426,13 @@ func TestApprovalWaitSurvivesACut(t *testing.T) {
 				}()
 			}
 		})
-	if err := <-decided; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-decided:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second): // the turn ended without asking: fail, not hang
+		t.Fatalf("no decision was sent (no permission_required?): %v", col.kinds())
 	}
 	if col.err != nil {
 		t.Fatalf("turn failed: %v", col.err)
