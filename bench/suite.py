@@ -255,6 +255,10 @@ class MemoryRunStore:
         self.runs[(record.tenant, record.run_id)] = dataclasses.replace(record)
         return True
 
+    async def end_run(self, record: Any, _holder: str, event: Any) -> None:
+        self.events.setdefault((record.tenant, record.run_id), []).append(event)
+        self.runs[(record.tenant, record.run_id)] = dataclasses.replace(record, last_seq=event.seq)
+
     async def request_cancel(self, *_args: Any) -> bool:
         return False  # one process, no replica to tell
 

@@ -127,6 +127,41 @@ async def test_finishing_a_run_writes_its_end_and_frees_it_for_its_owner_only(se
     assert (done.owner, done.lease_until, done.cancel_mode, done.cancel_reason) == ("", 0, "", "")
 
 
+async def test_a_runs_end_writes_its_terminal_event_and_final_row_together_or_not_at_all(
+    server,
+) -> None:
+    store = server.store
+    mine = record("ending", RunStatus.RUNNING, lease_until=time.time() + 30)
+    assert await store.create_run(mine)
+    started = StoredEvent(1, "run_started", b"started")
+    await store.append_event("acme", "ending", started, owner="replica-x")
+    await store.request_cancel("acme", "ending", "graceful", "stop_turn")
+    mine.status = RunStatus.CANCELLED
+
+    async def unchanged() -> None:
+        kept = await store.get_run("acme", "ending")
+        assert kept is not None
+        assert (kept.status, kept.owner, kept.last_seq) == (RunStatus.RUNNING, "replica-x", 0)
+        assert await store.read_events("acme", "ending", 0) == [started]
+
+    # A replica that lost the run writes neither its event nor its row.
+    with pytest.raises(LeaseLost):
+        await store.end_run(mine, "replica-y", StoredEvent(2, "run_cancelled", b"end"))
+    await unchanged()
+    # An event the log refuses (its seq is taken) takes the row's end back with it.
+    with pytest.raises((sqlite3.IntegrityError, psycopg.errors.UniqueViolation)):
+        await store.end_run(mine, "replica-x", StoredEvent(1, "run_cancelled", b"end"))
+    await unchanged()
+
+    ended = StoredEvent(2, "run_cancelled", b"end")
+    await store.end_run(mine, "replica-x", ended)
+    assert await store.read_events("acme", "ending", 0) == [started, ended]
+    done = await store.get_run("acme", "ending")
+    assert done is not None
+    assert (done.status, done.last_seq) == (RunStatus.CANCELLED, 2)
+    assert (done.owner, done.lease_until, done.cancel_mode, done.cancel_reason) == ("", 0, "", "")
+
+
 async def test_a_database_file_from_before_continued_by_gets_the_column(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)

@@ -4,7 +4,9 @@ An execution waits for the thread's earlier runs when it has to, emits run_start
 the conversation graph (the event sink commits every durable event before any stream sees
 it), and always ends in one terminal event: run_completed, run_cancelled (a graceful or
 immediate stop; a shutdown's stop leaves the run interrupted, to resume), or run_failed.
-Then it writes the run's final registry row, unless another replica took the run over.
+The terminal event and the run's final registry row are committed together (one commit on
+the path of the stream's end, and no log that ended under a row still running); a run
+that parks, or ends without its event, gets its row written on its own.
 """
 
 from __future__ import annotations
@@ -188,8 +190,8 @@ class Executor:
             state = await self._through_graph(live, launch, sink)
             if state is None:
                 return  # taken over by another replica before the graph started
-            await sink.emit(completed_event(state, live.progress))
             status = RunStatus.SUCCEEDED
+            await sink.end(completed_event(state, live.progress), status)
         except Parked as parked:
             # Waiting for a person: no terminal event (the execution goes on once a decision
             # is recorded); the checkpoint is written and nothing of the graph stays.
@@ -202,12 +204,12 @@ class Executor:
             parked.with_traceback(None)
             waiting = parked.call_keys
         except Drained as stop:
-            await sink.emit(cancelled_event(stop.reason, live.progress))
             # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
             # same StartRun comes again, on this server or the next.
             status = (
                 RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
             )
+            await sink.end(cancelled_event(stop.reason, live.progress), status)
         except asyncio.CancelledError:
             if live.lease_lost:
                 return  # nothing more may be written for a run another replica owns
@@ -216,33 +218,31 @@ class Executor:
                 # The process is stopping: the run is interrupted, not cancelled by anyone.
                 status = RunStatus.INTERRUPTED
                 raise
-            await sink.emit(cancelled_event(live.stop.reason or "cancel_requested", live.progress))
             status = RunStatus.CANCELLED
+            reason = live.stop.reason or "cancel_requested"
+            await sink.end(cancelled_event(reason, live.progress), status)
         except LeaseLost:
             raise  # nothing more may be written: not even run_failed
         except TimeoutError:
-            await sink.emit(
-                RunFailed(
-                    code="RUN_DEADLINE_EXCEEDED",
-                    message="the run took longer than its run_timeout_seconds",
-                    retryable=False,
-                )
-            )
+            message = "the run took longer than its run_timeout_seconds"
             status = RunStatus.FAILED
+            await sink.end(
+                RunFailed(code="RUN_DEADLINE_EXCEEDED", message=message, retryable=False), status
+            )
         except Exception as exc:
             # The run fails, the server does not: log the type only (a message could hold
             # prompt text), and tell the gateway it may retry.
             log.error("run %s failed: %s", record.run_id, type(exc).__name__)
-            with contextlib.suppress(Exception):
-                await sink.emit(
-                    RunFailed(code="INTERNAL", message=type(exc).__name__, retryable=True)
-                )
             status = RunStatus.FAILED
+            with contextlib.suppress(Exception):
+                await sink.end(
+                    RunFailed(code="INTERNAL", message=type(exc).__name__, retryable=True), status
+                )
         finally:
             if keeper is not None:
                 keeper.cancel()
             sink.flush()
-            await self._finish(live, status, launch, wake_at)
+            await self._finish(live, status, launch, wake_at, row_written=sink.ended)
             if waiting and await decided_meanwhile(self.log.store, live, waiting):
                 # A decision or a cancel came between permission_required and the park
                 # (it found the run still executing): it goes on now.
@@ -365,14 +365,21 @@ class Executor:
         return await store.finish_run(record, holder)
 
     async def _finish(
-        self, live: LiveRun, status: RunStatus, launch: Launch, wake_at: float = 0.0
+        self,
+        live: LiveRun,
+        status: RunStatus,
+        launch: Launch,
+        wake_at: float = 0.0,
+        *,
+        row_written: bool = False,
     ) -> None:
-        """Writes the run's final row (unless another replica owns it now) and lets it go."""
+        """Writes the run's final row, unless its terminal event wrote it already
+        (`row_written`) or another replica owns it now, and lets the run go."""
         record = live.record
         if self.checkpoints is not None:
             self.checkpoints.forget_new(checkpoint_thread(record.tenant, record.run_id))
         # With the lease lost, another replica owns the run: it writes the record, not us.
-        if not live.lease_lost:
+        if not live.lease_lost and not row_written:
             record.status = status
             with contextlib.suppress(Exception):
                 if not await self._write_end(record):

@@ -18,7 +18,7 @@ from roundtable.codec.events import kind_of, seal
 from roundtable.domain.events import AssistantDelta, AssistantFinal, Envelope, Event, SpeakerFailed
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.live import LiveRun
-from roundtable.store.base import CancelMark, LeaseLost, RunStore, StoredEvent
+from roundtable.store.base import CancelMark, LeaseLost, RunStatus, RunStore, StoredEvent
 
 
 class _Pending:
@@ -58,6 +58,8 @@ class RunSink:
         self._in_order = asyncio.Lock()
         self._mark: CancelMark | None = None
         self._mark_fresh = False
+        self.ended = False
+        """Whether the terminal event and the run's final row are written (`end`)."""
 
     def take_cancel_mark(self) -> tuple[bool, CancelMark | None]:
         """Whether a durable event was appended since the last call, and the cancel the
@@ -68,6 +70,14 @@ class RunSink:
 
     async def emit(self, event: Event) -> None:
         """Numbers the event, commits it to the log, then hands it to the streams."""
+        await self._commit(event, None)
+
+    async def end(self, event: Event, status: RunStatus) -> None:
+        """Commits the execution's terminal event together with the run's final row in
+        `status` (`RunStore.end_run`), then hands it to the streams."""
+        await self._commit(event, status)
+
+    async def _commit(self, event: Event, ending: RunStatus | None) -> None:
         async with self._in_order:
             if isinstance(event, AssistantFinal | SpeakerFailed):
                 self.discard(event.reply_id)
@@ -76,19 +86,23 @@ class RunSink:
             record = self.live.record
             envelope = seal(record.run_id, seq, time.time(), event)
             stored = StoredEvent(seq, kind_of(event), envelope.wire)
+            owner = self.coordination.owner
+            if ending is None:
+                write = self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
+            else:
+                record.status = ending
+                write = self.store.end_run(record, owner, stored)
             try:
                 await self.coordination.append(
-                    self.store.append_event(
-                        record.tenant, record.run_id, stored, owner=self.coordination.owner
-                    ),
-                    lambda mark: self._accepted(envelope, mark),
+                    write, lambda mark: self._accepted(envelope, mark, ending is not None)
                 )
             except LeaseLost:
                 self.live.lease_lost = True  # the run is another replica's: write nothing more
                 raise
 
-    def _accepted(self, envelope: Envelope, mark: CancelMark | None) -> None:
+    def _accepted(self, envelope: Envelope, mark: CancelMark | None, ended: bool) -> None:
         """The event is in the log: it takes its seq, and the streams get it."""
+        self.ended = ended
         self._mark, self._mark_fresh = mark, True
         self.seq = envelope.seq
         self.live.record.last_seq = envelope.seq

@@ -209,6 +209,19 @@ class RunStore(ToolCallStore, Protocol):
         `owner`'s any more (nothing written)."""
         ...
 
+    async def end_run(self, record: RunRecord, holder: str, event: StoredEvent) -> None:
+        """Commits the run's terminal event and its final row together, in one transaction:
+        the row takes `record.status` and the event's seq, and gives the run up as
+        `finish_run` does, while `holder` holds it. Both or neither: a crash leaves no log
+        that ended under a row still running, and a stream that ends with the event ends
+        after the row says so (a StartRun of the thread sent on seeing it finds the
+        thread free).
+
+        Raises:
+            LeaseLost: the row names another owner; nothing was written.
+        """
+        ...
+
     async def park_run(
         self, record: RunRecord, holder: str, owner: str, lease_until: float
     ) -> bool:

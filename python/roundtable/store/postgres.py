@@ -30,7 +30,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from roundtable.domain.errors import ThreadBusy
-from roundtable.store.base import CancelMark, LeaseLost, StoredEvent
+from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent
 from roundtable.store.registry import SqlRegistry
 from roundtable.store.schema import (
     TABLES,
@@ -40,7 +40,14 @@ from roundtable.store.schema import (
     create_indexes,
     create_tables,
 )
-from roundtable.store.statements import EVENT_COLUMNS, EVENT_VALUES, Statements, event_params
+from roundtable.store.statements import (
+    EVENT_COLUMNS,
+    EVENT_VALUES,
+    FINISH_RUN,
+    Statements,
+    end_params,
+    event_params,
+)
 from roundtable.store.tool_calls import SqlToolCalls, ToolStatements
 
 POSTGRES = Dialect(
@@ -70,6 +77,13 @@ _APPEND_OWNED = POSTGRES.bind(
     "WHERE tenant=:tenant AND run_id=:run_id AND owner=:owner FOR SHARE), "
     f"appended AS (INSERT INTO rt_events ({EVENT_COLUMNS}) SELECT {EVENT_VALUES} FROM run) "
     "SELECT cancel_mode, cancel_reason FROM run"
+)
+
+_END_RUN = POSTGRES.bind(
+    # One round trip: the final row, and the terminal event only with it. The UPDATE's row
+    # lock orders it with a takeover's UPDATE of the owner, as the append's FOR SHARE does.
+    f"WITH finished AS ({FINISH_RUN} RETURNING run_id) "
+    f"INSERT INTO rt_events ({EVENT_COLUMNS}) SELECT {EVENT_VALUES} FROM finished"
 )
 
 THREAD_LOCK_TIMEOUT_S = 5.0
@@ -164,6 +178,11 @@ class PostgresRunStore(SqlRegistry, SqlToolCalls):
             return None
         mode, reason = rows[0]
         return CancelMark(mode, reason)
+
+    async def end_run(self, record: RunRecord, holder: str, event: StoredEvent) -> None:
+        record.updated_at = time.time()
+        if not await self._write(_END_RUN, end_params(record, holder, event)):
+            raise LeaseLost(record.run_id)
 
     @contextlib.asynccontextmanager
     async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:

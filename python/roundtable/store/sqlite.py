@@ -40,7 +40,7 @@ import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from roundtable.domain.errors import InvalidSettings
-from roundtable.store.base import CancelMark, StoredEvent
+from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent
 from roundtable.store.registry import SqlRegistry
 from roundtable.store.schema import (
     TABLES,
@@ -50,7 +50,7 @@ from roundtable.store.schema import (
     create_indexes,
     create_tables,
 )
-from roundtable.store.statements import Statements, event_params
+from roundtable.store.statements import Statements, end_params, event_params
 from roundtable.store.tool_calls import SqlToolCalls, ToolStatements
 
 log = logging.getLogger(__name__)
@@ -289,6 +289,26 @@ class SqliteRunStore(SqlRegistry, SqlToolCalls):
             self.sql.append_event, event_params(tenant, run_id, event.seq, event.kind, event.body)
         )
         return None  # the file is this process's: its cancels never go through the row
+
+    async def end_run(self, record: RunRecord, holder: str, event: StoredEvent) -> None:
+        # Two statements, one commit: the commit, not the statement, is what a write costs
+        # here (measured: a served turn spends ≈1 % of its time per commit).
+        await self._before_write()
+        record.updated_at = time.time()
+        params = end_params(record, holder, event)
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            ours = conn.execute(self.sql.finish_run, params).rowcount == 1
+            if ours:
+                conn.execute(self.sql.append_event, params)
+            conn.execute("COMMIT" if ours else "ROLLBACK")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if not ours:
+            raise LeaseLost(record.run_id)
 
     @contextlib.asynccontextmanager
     async def thread_lock(self, tenant: str, thread_id: str) -> AsyncIterator[None]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.store.schema import EVENTS, RUNS, Dialect
 
 RUN_COLUMNS = RUNS.column_names
@@ -51,6 +51,14 @@ class Statements:
         """Every statement with the dialect's parameters."""
         return cls(**{f.name: dialect.bind(getattr(_TEMPLATES, f.name)) for f in fields(cls)})
 
+
+FINISH_RUN = (
+    # `holder`, not `owner`: the record's own owner column is not what is checked.
+    "UPDATE rt_runs SET status=:status, last_seq=:last_seq, updated_at=:updated_at, "
+    "owner='', lease_until=0, cancel_mode='', cancel_reason='' "
+    "WHERE tenant=:tenant AND run_id=:run_id AND owner=:holder"
+)
+"""A run's final row, written only while `holder` holds the run (`finish_params`)."""
 
 _TEMPLATES = Statements(
     create_run=(
@@ -98,12 +106,7 @@ _TEMPLATES = Statements(
         "UPDATE rt_runs SET lease_until=:lease_until "
         "WHERE tenant=:tenant AND run_id=:run_id AND owner=:owner"
     ),
-    finish_run=(
-        # `holder`, not `owner`: the record's own owner column is not what is checked.
-        "UPDATE rt_runs SET status=:status, last_seq=:last_seq, updated_at=:updated_at, "
-        "owner='', lease_until=0, cancel_mode='', cancel_reason='' "
-        "WHERE tenant=:tenant AND run_id=:run_id AND owner=:holder"
-    ),
+    finish_run=FINISH_RUN,
     # Only a queued, running or waiting run takes a cancel: one recorded after the run
     # ended would stay on its row and stop its next resume at once.
     request_cancel=(
@@ -151,6 +154,15 @@ def finish_params(record: RunRecord, owner: str) -> dict[str, Any]:
     """The parameters of `finish_run`: only while `owner` holds the run (the caller has set
     `record.updated_at`)."""
     return {**run_params(record), "holder": owner}
+
+
+def end_params(record: RunRecord, holder: str, event: StoredEvent) -> dict[str, Any]:
+    """The parameters of a run's end: `finish_run`'s, with the terminal event's seq as the
+    row's last seq, and the event's own (`append_event`'s)."""
+    params = finish_params(record, holder)
+    params.update(event_params(record.tenant, record.run_id, event.seq, event.kind, event.body))
+    params["last_seq"] = event.seq
+    return params
 
 
 def acquire_params(
