@@ -8,6 +8,7 @@ rest of the sentence as its argument, and answers quoting the result; the test s
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -28,6 +29,7 @@ from support.approvals import (
     waiting_run,
 )
 from support.builders import finals, kinds, of_kind
+from roundtable.server import RunningServer
 from support.mcp_server import McpServerProcess
 
 
@@ -239,3 +241,32 @@ async def test_a_stop_turn_ends_a_run_waiting_on_its_thread(
     with pytest.raises(grpc.aio.AioRpcError) as late:
         await stub.ResolvePermission(resolve("s1", asked.permission_request_id, APPROVE))
     assert "cancelled" in (late.value.details() or "")
+
+
+async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_parked(
+    server: RunningServer, stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    """Replicas (Postgres): the one watch of a replica's parked runs stops once none is
+    left, so an idle replica makes no query; the next park starts it again, and it still
+    hears a cancel another replica records."""
+    if not server.store.shared:
+        pytest.skip("one process on SQLite: every decision lands where the run is parked")
+    parking = server.manager.parking
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "p1")))
+    asked = (await reader.until("permission_required")).permission_required
+    await waiting_run(stub, "p1")
+    first = parking._watch
+    assert first is not None and not first.done()
+    await stub.ResolvePermission(resolve("p1", asked.permission_request_id, APPROVE))
+    assert kinds(await reader.end())[-1] == "run_completed"
+    async with asyncio.timeout(5):
+        await first  # nothing parked: it ends by itself
+
+    second = Reader(stub.StartRun(tool_request("use note for more milk", mcp, "p2")))
+    await second.until("permission_required")
+    await waiting_run(stub, "p2")
+    assert parking._watch is not None and not parking._watch.done(), "started again"
+    # As another replica records it: only the watch can bring it to the run parked here.
+    assert await server.store.request_cancel("tenant-1", "p2", "graceful", "stop_turn")
+    assert kinds(await second.end())[-1] == "run_cancelled"
+    assert mcp.counts("note") == {asked.permission_request_id: 1}

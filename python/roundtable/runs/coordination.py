@@ -212,7 +212,8 @@ class SharedCoordination:
     def watch_parked(self, parked: ParkedKeys, wake: Wake) -> asyncio.Task[None] | None:
         """One task for all the runs parked here: renews their leases every third of a
         lease, and every `parked_poll_s` asks which of them got a decision or a cancel
-        on another replica (one query, only while some run is parked)."""
+        on another replica (one query). It ends once nothing is parked here (an idle
+        replica wakes for nothing); the next park starts it again."""
         return asyncio.create_task(self._watch_parked(parked, wake), name="parked")
 
     async def _watch_parked(self, parked: ParkedKeys, wake: Wake) -> None:
@@ -221,7 +222,7 @@ class SharedCoordination:
             await asyncio.sleep(self.parked_poll_s)
             here = parked()
             if not here:
-                continue
+                return
             try:
                 if time.monotonic() - renewed >= self.lease_s / 3:
                     await self.store.renew_parked(self.owner, self.lease_s)

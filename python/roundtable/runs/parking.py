@@ -53,8 +53,10 @@ class Parking:
         registry.on_stop = self._stop_soon
 
     def _watching(self) -> None:
-        """Starts the coordination's watch of parked runs, once, at the first park."""
-        if self._watch is None:
+        """Starts the coordination's watch of parked runs at a park, unless it is on: it
+        ends by itself once nothing is parked (between its polls, never while a park
+        could slip by it: both run on the loop, the watch looks after every sleep)."""
+        if self._watch is None or self._watch.done():
             self._watch = self.coordination.watch_parked(self.registry.parked_keys, self._wake_key)
 
     def _wake_key(self, key: tuple[str, str]) -> None:
