@@ -110,6 +110,52 @@ async def test_follower_delivers_the_terminal_event(server, stub, monkeypatch):
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_a_follower_of_a_run_parked_elsewhere_reads_less_often_then_catches_up(
+    server, stub, monkeypatch
+):
+    """A run waits for a person on another replica: its follower backs off (two queries
+    every 50 ms for minutes would be the store's heaviest load), then streams the resumed
+    run to its end."""
+    store = server.store
+    record = run_of_another_replica("fp-1", "t-fp")
+    record.status = RunStatus.AWAITING_APPROVAL
+    assert await store.create_run(record)
+    await store.append_event(
+        "tenant-1", "fp-1", ev(1, "fp-1", run_started=epb.RunStarted(thread_id="t-fp"))
+    )
+    real_get_run = store.get_run
+    reads: list[float] = []
+
+    async def get_run(tenant, run_id):
+        if run_id == "fp-1":
+            reads.append(time.monotonic())
+        return await real_get_run(tenant, run_id)
+
+    monkeypatch.setattr(store, "get_run", get_run)
+
+    async def other_replica_resumes():
+        await asyncio.sleep(2.0)
+        parked_reads = len(reads)
+        record.status = RunStatus.RUNNING
+        await store.update_run(record)
+        await store.append_event(
+            "tenant-1", "fp-1", ev(2, "fp-1", run_completed=epb.RunCompleted())
+        )
+        record.status, record.last_seq = RunStatus.SUCCEEDED, 2
+        assert await store.finish_run(record, "other-replica")
+        return parked_reads
+
+    resumer = asyncio.create_task(other_replica_resumes())
+    events = await asyncio.wait_for(
+        collect(stub.StreamRun(pb.StreamRunRequest(run_id="fp-1", tenant="tenant-1"))), 10
+    )
+    parked_reads = await resumer
+    assert kinds(events) == ["run_started", "run_completed"]
+    # 50 ms apart that would be 40 reads; backing off 0.05 -> 1 s, about 7.
+    assert 3 <= parked_reads <= 10, parked_reads
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 async def test_follower_of_a_resumed_run_follows_to_its_real_end(server, stub):
     store = server.store
     record = run_of_another_replica("fr-1", "t-fr")

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from roundtable.server import RunningServer
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
@@ -29,7 +30,6 @@ from support.approvals import (
     waiting_run,
 )
 from support.builders import finals, kinds, of_kind
-from roundtable.server import RunningServer
 from support.mcp_server import McpServerProcess
 
 

@@ -1,7 +1,9 @@
 """Following a run another replica executes: its event log, pumped into a stream.
 
 A follower reads the log every `poll_s` and hands new events on, waiting for a slow reader
-instead of buffering (the log keeps them). Only the registry says whether the run goes on
+instead of buffering (the log keeps them). While the run waits for a person's decision it
+reads less and less often, up to every `PARKED_POLL_MAX_S` (a person takes minutes; two
+queries every 50 ms per stream for all that time would be the store's busiest load). Only the registry says whether the run goes on
 (a resumed run's log holds the end of an earlier execution). When the executing replica's
 lease runs out (it died), a StartRun follower takes the run over (`takeover` resumes it
 here) and a StreamRun follower ends with RunOrphaned (send the same StartRun).
@@ -16,10 +18,14 @@ from collections.abc import Awaitable, Callable
 from roundtable.domain.errors import RoundtableError, RunOrphaned
 from roundtable.runs.live import Subscription
 from roundtable.runs.log import EventLog
-from roundtable.store.base import LEASED, RunRecord
+from roundtable.store.base import LEASED, RunRecord, RunStatus
 
 Takeover = Callable[[], Awaitable[Subscription]]
 """Starts the followed run here (the same StartRun again), once its replica died."""
+
+PARKED_POLL_MAX_S = 1.0
+"""The longest pause between two reads of a run parked for approval elsewhere: its first
+resumed events reach the stream at most this late."""
 
 
 class Follower:
@@ -53,8 +59,11 @@ class Follower:
         seen = after_seq
         ended = False  # whether the last event read ends an execution of the run
         store = self.log.store
+        pause = self.poll_s
         while True:
             events = await self.log.read(tenant, run_id, seen)
+            if events:
+                pause = self.poll_s
             for envelope in events:
                 while sub.full:  # noqa: ASYNC110 (polling a queue we do not own)
                     await asyncio.sleep(self.poll_s)
@@ -72,7 +81,9 @@ class Follower:
             if record.lease_until < time.time():
                 await self._orphaned(run_id, sub, seen, ended=ended, takeover=takeover)
                 return
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(pause)
+            parked = record.status is RunStatus.AWAITING_APPROVAL
+            pause = min(pause * 2, PARKED_POLL_MAX_S) if parked else self.poll_s
 
     async def _orphaned(
         self, run_id: str, sub: Subscription, seen: int, *, ended: bool, takeover: Takeover | None
