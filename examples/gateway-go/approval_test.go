@@ -20,7 +20,8 @@ import (
 )
 
 // fakeSidecar streams a fixed log for StartRun, holding it at the permission request until
-// a decision arrives (as the real run waits), and answers GetRun and ResolvePermission.
+// a decision arrives (as the real run waits), and answers GetRun and ResolvePermission. A
+// denial it records ends the call DENIED in the reply, as the real run's does.
 type fakeSidecar struct {
 	roundtablev1.OrchestratorServiceClient // other calls are not made
 
@@ -53,6 +54,9 @@ func (f *fakeSidecar) ResolvePermission(_ context.Context, in *roundtablev1.Reso
 	f.resolved = append(f.resolved, in)
 	f.mu.Unlock()
 	resp, err := f.answer(in)
+	if err == nil && in.GetDecision() == roundtablev1.PermissionDecision_PERMISSION_DECISION_DENY {
+		f.events = approvalLog(roundtablev1.ToolCallOutcome_TOOL_CALL_OUTCOME_DENIED) // read after decided closes
+	}
 	if !f.stuck {
 		f.once.Do(func() { close(f.decided) })
 	}
@@ -160,12 +164,13 @@ func TestApprovalDecidedByFlagOrByThePerson(t *testing.T) {
 		decision   roundtablev1.PermissionDecision
 		reason     string
 		by, output string
+		outcome    string // the call's outcome in Mei's reply
 	}{
-		"always":                    {approvalCase{approve: ApproveAlways}, approve, "", "-approve=always", "✓ Mei's note approved (-approve=always)"},
-		"never":                     {approvalCase{approve: ApproveNever}, deny, "the gateway allows no such call (-approve=never)", "-approve=never", "✗ Mei's note denied (-approve=never)"},
-		"ask yes":                   {approvalCase{approve: ApproveAsk, input: "perhaps\nY\n"}, approve, "", "terminal", "please answer y or n: Y\n   ✓ Mei's note approved (terminal)"},
-		"ask no":                    {approvalCase{approve: ApproveAsk, input: "n\n  not on a Friday \n"}, deny, "not on a Friday", "terminal", "✗ Mei's note denied (terminal): not on a Friday"},
-		"ask no, then stdin closed": {approvalCase{approve: ApproveAsk, input: "no"}, deny, "", "terminal", "✗ Mei's note denied (terminal)\n"},
+		"always":                    {approvalCase{approve: ApproveAlways}, approve, "", "-approve=always", "✓ Mei's note approved (-approve=always)", "ok"},
+		"never":                     {approvalCase{approve: ApproveNever}, deny, "the gateway allows no such call (-approve=never)", "-approve=never", "✗ Mei's note denied (-approve=never)", "denied"},
+		"ask yes":                   {approvalCase{approve: ApproveAsk, input: "perhaps\nY\n"}, approve, "", "terminal", "please answer y or n: Y\n   ✓ Mei's note approved (terminal)", "ok"},
+		"ask no":                    {approvalCase{approve: ApproveAsk, input: "n\n  not on a Friday \n"}, deny, "not on a Friday", "terminal", "✗ Mei's note denied (terminal): not on a Friday", "denied"},
+		"ask no, then stdin closed": {approvalCase{approve: ApproveAsk, input: "no"}, deny, "", "terminal", "✗ Mei's note denied (terminal)\n", "denied"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c.pending, c.answer = true, approvedAnswer
@@ -178,7 +183,7 @@ func TestApprovalDecidedByFlagOrByThePerson(t *testing.T) {
 				t.Fatalf("sent %v", sent)
 			}
 			if !strings.Contains(out, c.output) || !strings.Contains(out, "── Mei wants to run note {\"text\": \"buy milk\"} (request r1#0/1") ||
-				!strings.Contains(out, "Mei used note: ok") {
+				!strings.Contains(out, "Mei used note: "+c.outcome+"\n") {
 				t.Fatalf("output:\n%s", out)
 			}
 			got := turn.Permissions()
@@ -188,7 +193,7 @@ func TestApprovalDecidedByFlagOrByThePerson(t *testing.T) {
 			if d := store.Decision("demo", "r1", "r1#0/1"); d == nil || d.DecidedBy != c.by || d.ArgumentsJSON != `{"text": "buy milk"}` {
 				t.Fatalf("stored decision %+v", d)
 			}
-			if r := turn.Replies(); len(r) != 1 || len(r[0].ToolCalls) != 1 || r[0].ToolCalls[0].Outcome != "ok" {
+			if r := turn.Replies(); len(r) != 1 || len(r[0].ToolCalls) != 1 || r[0].ToolCalls[0].Outcome != c.outcome {
 				t.Fatalf("replies %+v", r)
 			}
 			if m := store.Reply("demo", "r1", "r1#0"); m == nil || len(m.ToolCalls) != 1 || m.ToolCalls[0].CallID != "r1#0/1" {
