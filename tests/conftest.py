@@ -14,7 +14,7 @@ from roundtable.server import RunningServer, running_server
 from roundtable.settings import Settings
 from roundtable.telemetry.setup import Telemetry, disabled
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
-from support.mcp_server import McpServerProcess
+from support.mcp_server import McpServerProcess, StartMcpServer
 from support.stores import drop_schema, new_schema, postgres_dsn
 
 ServerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningServer]]
@@ -81,10 +81,25 @@ async def stub(server: RunningServer) -> AsyncIterator[pb_grpc.OrchestratorServi
 
 
 @pytest.fixture
-async def mcp(tmp_path: Path) -> AsyncIterator[McpServerProcess]:
-    """The test MCP server (tests/support/mcp_server.py) on a free port, for one test."""
-    server = await McpServerProcess(tmp_path / "mcp.log").start()
-    try:
+def start_mcp_server(tmp_path: Path) -> StartMcpServer:
+    """Starts a test MCP server (tests/support/mcp_server.py) on a free port:
+    `async with start_mcp_server(token=...) as server`."""
+
+    @contextlib.asynccontextmanager
+    async def start(*, token: str | None = None) -> AsyncIterator[McpServerProcess]:
+        process = McpServerProcess(tmp_path / "mcp.log", token=token)
+        await process.start()
+        try:
+            yield process
+        finally:
+            await process.stop()
+
+    return start
+
+
+@pytest.fixture
+async def mcp(start_mcp_server: StartMcpServer) -> AsyncIterator[McpServerProcess]:
+    """The test MCP server without a credential, for one test: `.url`, `.counts(tool)`,
+    `.fault(status)`."""
+    async with start_mcp_server() as server:
         yield server
-    finally:
-        await server.stop()

@@ -16,51 +16,51 @@ from support.mcp_server import REPO, McpServerProcess, StartMcpServer
 from support.tool_calls import call_ref
 
 
-async def test_a_call_answers_the_tools_text(mcp_server: McpServerProcess, pool: McpPool) -> None:
+async def test_a_call_answers_the_tools_text(mcp: McpServerProcess, pool: McpPool) -> None:
     result = await pool.call(
-        call_ref(mcp_server, "weather", "r1/1", city="Paris"), token=None, timeout_s=5
+        call_ref(mcp, "weather", "r1/1", city="Paris"), token=None, timeout_s=5
     )
     assert result == ToolResult(text="Sunny, 21°C in Paris", is_error=False)
 
 
 async def test_a_tool_that_raises_is_an_error_result_not_an_exception(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
-    result = await pool.call(call_ref(mcp_server, "fail", "r1/1"), token=None, timeout_s=5)
+    result = await pool.call(call_ref(mcp, "fail", "r1/1"), token=None, timeout_s=5)
     assert result.is_error
     assert "Error executing tool fail" in result.text
 
 
 async def test_an_unknown_tool_is_an_error_result_as_this_server_answers_it(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
     # MCPServer answers an unknown tool with isError, not a JSON-RPC error; either way the
     # server was reached and is healthy.
     unknown = Tool(name="nope", description="", input_schema_json="{}", server_id="tools")
-    result = await pool.call(call_ref(mcp_server, unknown, "r1/1"), token=None, timeout_s=5)
+    result = await pool.call(call_ref(mcp, unknown, "r1/1"), token=None, timeout_s=5)
     assert result.is_error and "Unknown tool" in result.text
 
 
 async def test_the_key_reaches_the_server_and_the_server_deduplicates_not_the_pool(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
-    await pool.call(call_ref(mcp_server, "note", "r1/1", text="a"), token=None, timeout_s=5)
-    assert mcp_server.counts("note") == {"r1/1": 1}
+    await pool.call(call_ref(mcp, "note", "r1/1", text="a"), token=None, timeout_s=5)
+    assert mcp.counts("note") == {"r1/1": 1}
     # The same key again is sent again: only a server that deduplicates on the key (this
     # one counts instead) makes a write run once. The store's records keep Roundtable
     # from sending a finished call twice; the key covers a call resent after a crash.
-    await pool.call(call_ref(mcp_server, "note", "r1/1", text="a"), token=None, timeout_s=5)
-    await pool.call(call_ref(mcp_server, "note", "r1/2", text="b"), token=None, timeout_s=5)
-    assert mcp_server.counts("note") == {"r1/1": 2, "r1/2": 1}
+    await pool.call(call_ref(mcp, "note", "r1/1", text="a"), token=None, timeout_s=5)
+    await pool.call(call_ref(mcp, "note", "r1/2", text="b"), token=None, timeout_s=5)
+    assert mcp.counts("note") == {"r1/1": 2, "r1/2": 1}
 
 
 async def test_concurrent_calls_share_one_session_and_get_their_own_answers(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
     cities = [f"city-{i}" for i in range(20)]
     results = await asyncio.gather(
         *(
-            pool.call(call_ref(mcp_server, "weather", f"r1/{i}", city=c), token=None, timeout_s=5)
+            pool.call(call_ref(mcp, "weather", f"r1/{i}", city=c), token=None, timeout_s=5)
             for i, c in enumerate(cities)
         )
     )
@@ -92,64 +92,62 @@ def test_the_pool_key_holds_a_hash_of_the_credential_never_the_credential() -> N
 
 
 async def test_http_5xx_is_unavailable_and_4xx_rejected_and_the_session_survives_both(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
-    ref = call_ref(mcp_server, "note", "r1/1", text="x")
+    ref = call_ref(mcp, "note", "r1/1", text="x")
     await pool.call(ref, token=None, timeout_s=5)  # the session is open
-    mcp_server.fault(503)
+    mcp.fault(503)
     with pytest.raises(ToolUnavailable) as unavailable:
         await pool.call(ref, token=None, timeout_s=5)
-    mcp_server.fault(403)
+    mcp.fault(403)
     with pytest.raises(ToolRejected) as rejected:
         await pool.call(ref, token=None, timeout_s=5)
     assert (unavailable.value.detail, rejected.value.detail) == ("HTTP 503", "HTTP 403")
     await pool.call(ref, token=None, timeout_s=5)
     # The faulted requests never reached the tool.
-    assert mcp_server.counts("note") == {"r1/1": 2}
+    assert mcp.counts("note") == {"r1/1": 2}
 
 
 async def test_a_404_on_the_session_is_sent_again_on_a_new_one_even_for_a_write(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
-    await pool.call(call_ref(mcp_server, "weather", "r1/0", city="x"), token=None, timeout_s=5)
-    mcp_server.fault(404)  # the server forgot the session (idle expiry): it ran nothing
-    result = await pool.call(
-        call_ref(mcp_server, "note", "r1/1", text="x"), token=None, timeout_s=5
-    )
+    await pool.call(call_ref(mcp, "weather", "r1/0", city="x"), token=None, timeout_s=5)
+    mcp.fault(404)  # the server forgot the session (idle expiry): it ran nothing
+    result = await pool.call(call_ref(mcp, "note", "r1/1", text="x"), token=None, timeout_s=5)
     assert not result.is_error
-    assert mcp_server.counts("note") == {"r1/1": 1}
+    assert mcp.counts("note") == {"r1/1": 1}
 
 
 async def test_a_url_that_is_no_mcp_endpoint_is_unavailable(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
-    ref = call_ref(mcp_server, "weather", "r1/1", city="x")
-    wrong = replace(ref, server=replace(ref.server, url=f"{mcp_server.base_url}/nope"))
+    ref = call_ref(mcp, "weather", "r1/1", city="x")
+    wrong = replace(ref, server=replace(ref.server, url=f"{mcp.base_url}/nope"))
     with pytest.raises(ToolUnavailable) as caught:
         await pool.call(wrong, token=None, timeout_s=5)
     assert caught.value.detail == "HTTP 404" and type(caught.value) is ToolUnavailable
 
 
 async def test_after_the_server_restarts_the_pool_reconnects(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
-    ref = call_ref(mcp_server, "weather", "r1/1", city="Rome")
+    ref = call_ref(mcp, "weather", "r1/1", city="Rome")
     await pool.call(ref, token=None, timeout_s=5)
-    await mcp_server.stop()
+    await mcp.stop()
     with pytest.raises(ToolUnavailable):
         await pool.call(ref, token=None, timeout_s=5)  # nothing listens
-    await mcp_server.start()
+    await mcp.start()
     # The broken connection was dropped: the next call opens a new session.
     assert (await pool.call(ref, token=None, timeout_s=5)).text == "Sunny, 21°C in Rome"
 
 
 async def test_a_restart_between_two_calls_costs_at_most_the_call_that_found_it(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
-    ref = call_ref(mcp_server, "weather", "r1/1", city="Rome")
+    ref = call_ref(mcp, "weather", "r1/1", city="Rome")
     await pool.call(ref, token=None, timeout_s=5)
-    await mcp_server.stop()
-    await mcp_server.start()
+    await mcp.stop()
+    await mcp.start()
     outcomes: list[str] = []
     for _ in range(2):
         try:
@@ -160,12 +158,12 @@ async def test_a_restart_between_two_calls_costs_at_most_the_call_that_found_it(
 
 
 async def test_aclose_ends_every_owner_task_even_opened_from_another_task(
-    mcp_server: McpServerProcess,
+    mcp: McpServerProcess,
 ) -> None:
     pool = McpPool()
     # Opened from a task that is gone by the time the pool closes (a run's task).
     await asyncio.create_task(
-        pool.call(call_ref(mcp_server, "weather", "r1/1", city="x"), token=None, timeout_s=5)
+        pool.call(call_ref(mcp, "weather", "r1/1", city="x"), token=None, timeout_s=5)
     )
     assert any(t.get_name() == "mcp:tools" for t in asyncio.all_tasks())
     await pool.aclose()
@@ -173,16 +171,12 @@ async def test_aclose_ends_every_owner_task_even_opened_from_another_task(
 
 
 async def test_a_cancelled_call_leaves_the_session_usable(
-    mcp_server: McpServerProcess, pool: McpPool
+    mcp: McpServerProcess, pool: McpPool
 ) -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.2):
-            await pool.call(
-                call_ref(mcp_server, "slow", "r1/1", seconds=5), token=None, timeout_s=5
-            )
-    result = await pool.call(
-        call_ref(mcp_server, "weather", "r1/2", city="x"), token=None, timeout_s=5
-    )
+            await pool.call(call_ref(mcp, "slow", "r1/1", seconds=5), token=None, timeout_s=5)
+    result = await pool.call(call_ref(mcp, "weather", "r1/2", city="x"), token=None, timeout_s=5)
     assert result.text == "Sunny, 21°C in x"
     assert repr(pool) == "McpPool(1 connections)"
 

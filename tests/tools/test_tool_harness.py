@@ -64,12 +64,12 @@ def audited(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 
 async def test_a_call_succeeds_with_one_audit_line_and_one_span(
-    mcp_server: McpServerProcess,
+    mcp: McpServerProcess,
     harness: ToolHarness,
     audited: pytest.LogCaptureFixture,
     exporter: InMemorySpanExporter,
 ) -> None:
-    ref = call_ref(mcp_server, "weather", "reply-1/1", city="Lisbon")
+    ref = call_ref(mcp, "weather", "reply-1/1", city="Lisbon")
     result = await harness.call(tool_request(ref))
     assert result.text == "Sunny, 21°C in Lisbon" and not result.is_error
     (line,) = audit(audited)
@@ -102,13 +102,13 @@ async def test_a_call_succeeds_with_one_audit_line_and_one_span(
 
 
 async def test_an_error_result_is_a_success_for_the_breaker_but_an_error_span(
-    mcp_server: McpServerProcess,
+    mcp: McpServerProcess,
     harness: ToolHarness,
     audited: pytest.LogCaptureFixture,
     exporter: InMemorySpanExporter,
 ) -> None:
     for n in range(POLICY.breaker.failure_threshold + 1):
-        result = await harness.call(tool_request(call_ref(mcp_server, "fail", f"r/{n}")))
+        result = await harness.call(tool_request(call_ref(mcp, "fail", f"r/{n}")))
         assert result.is_error
     assert harness.breakers.get("mcp:tools").state == "closed"
     assert [(line["status"], line["is_error"]) for line in audit(audited)] == [
@@ -120,11 +120,11 @@ async def test_an_error_result_is_a_success_for_the_breaker_but_an_error_span(
 
 
 async def test_a_timeout_is_retried_for_a_read_only_tool_with_an_audit_line_per_attempt(
-    mcp_server: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
+    mcp: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
 ) -> None:
     slow = Tool(**{**_fields(TOOLS["slow"]), "timeout_s": 0.3})
     with pytest.raises(ToolTimeout) as caught:
-        await harness.call(tool_request(call_ref(mcp_server, slow, "r/1", seconds=3)))
+        await harness.call(tool_request(call_ref(mcp, slow, "r/1", seconds=3)))
     assert caught.value.attempts == 3
     lines = audit(audited)
     assert [(line["attempt"], line["status"], line["error_code"]) for line in lines] == [
@@ -136,47 +136,47 @@ async def test_a_timeout_is_retried_for_a_read_only_tool_with_an_audit_line_per_
 
 
 async def test_a_timeout_of_a_write_tool_is_not_retried(
-    mcp_server: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
+    mcp: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
 ) -> None:
     slow_write = Tool(**{**_fields(TOOLS["slow"]), "read_only": False, "timeout_s": 0.3})
     with pytest.raises(ToolTimeout):
-        await harness.call(tool_request(call_ref(mcp_server, slow_write, "r/1", seconds=3)))
+        await harness.call(tool_request(call_ref(mcp, slow_write, "r/1", seconds=3)))
     assert [line["status"] for line in audit(audited)] == ["timeout"]
-    assert mcp_server.counts("slow") == {"r/1": 1}
+    assert mcp.counts("slow") == {"r/1": 1}
 
 
 async def test_a_read_only_tool_is_retried_after_5xx_and_a_write_tool_is_not(
-    mcp_server: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
+    mcp: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
 ) -> None:
-    await harness.call(tool_request(call_ref(mcp_server, "weather", "warm/1", city="x")))
+    await harness.call(tool_request(call_ref(mcp, "weather", "warm/1", city="x")))
     audited.clear()
-    mcp_server.fault(503, times=2)
-    result = await harness.call(tool_request(call_ref(mcp_server, "weather", "r/1", city="Oslo")))
+    mcp.fault(503, times=2)
+    result = await harness.call(tool_request(call_ref(mcp, "weather", "r/1", city="Oslo")))
     assert result.text == "Sunny, 21°C in Oslo"
     assert [(line["attempt"], line["status"]) for line in audit(audited)] == [
         (1, "error"),
         (2, "error"),
         (3, "success"),
     ]
-    assert mcp_server.counts("weather")["r/1"] == 1  # the 503s never reached the tool
+    assert mcp.counts("weather")["r/1"] == 1  # the 503s never reached the tool
     audited.clear()
-    mcp_server.fault(503)
+    mcp.fault(503)
     with pytest.raises(ToolUnavailable) as caught:
-        await harness.call(tool_request(call_ref(mcp_server, "note", "r/2", text="x")))
+        await harness.call(tool_request(call_ref(mcp, "note", "r/2", text="x")))
     assert caught.value.attempts == 1
     assert [(line["status"], line["error_code"]) for line in audit(audited)] == [
         ("error", "TOOL_UNAVAILABLE")
     ]
-    assert "note" not in mcp_server.counts()
+    assert "note" not in mcp.counts()
 
 
 async def test_the_breaker_opens_after_failures_and_then_sends_nothing(
-    mcp_server: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
+    mcp: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
 ) -> None:
-    note = call_ref(mcp_server, "note", "r/1", text="x")
+    note = call_ref(mcp, "note", "r/1", text="x")
     await harness.call(tool_request(note))
     audited.clear()
-    mcp_server.fault(503, times=POLICY.breaker.failure_threshold + 5)
+    mcp.fault(503, times=POLICY.breaker.failure_threshold + 5)
     for _ in range(POLICY.breaker.failure_threshold):
         with pytest.raises(ToolUnavailable):
             await harness.call(tool_request(note))
@@ -185,7 +185,7 @@ async def test_the_breaker_opens_after_failures_and_then_sends_nothing(
     statuses = [line["status"] for line in audit(audited)]
     assert statuses == ["error"] * POLICY.breaker.failure_threshold + ["breaker_open"]
     assert audit(audited)[-1]["error_code"] == "TOOL_CIRCUIT_OPEN"
-    assert mcp_server.counts("note") == {"r/1": 1}
+    assert mcp.counts("note") == {"r/1": 1}
 
 
 async def test_a_rejection_is_not_retried_and_does_not_open_the_breaker(
