@@ -21,7 +21,7 @@ from support.approvals import APPROVE, Reader, resolve, tool_request, waiting_ru
 from support.builders import collect, finals, kinds, of_kind
 from support.mcp_server import McpServerProcess
 from support.process import ServerProcess
-from support.stores import drop_schema, new_schema, postgres_dsn
+from support.stores import drop_schema, new_schema, postgres_dsn, query
 
 pytestmark = pytest.mark.e2e
 
@@ -38,11 +38,11 @@ async def test_killed_while_waiting_then_approved_on_another_server_runs_the_too
     a_events: list[epb.RunEvent] = []
     try:
         async with a.channel() as channel:
-            async for response in a.stub(channel).StartRun(request):
+            stub = a.stub(channel)
+            async for response in stub.StartRun(request):
                 a_events.append(response.event)
                 if response.event.HasField("permission_required"):
-                    # Let A park it (its registry row says so), then kill it.
-                    await asyncio.sleep(0.3)
+                    await waiting_run(stub, "kill-wait")  # A parked it: its row says so
                     a.kill()
                     break
         asked = of_kind(a_events, "permission_required")[0].permission_required
@@ -103,13 +103,14 @@ async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_i
                         resolve("kill-ran", asked.permission_request_id, APPROVE)
                     )
                     break
+            # The server ran it and A recorded the result: A now asks the model (1.5 s),
+            # and dies during that call. (Killed before the record, B would send the call
+            # again with the same key: at least once, as the contract says.)
+            recorded = "SELECT status FROM rt_tool_calls WHERE run_id = 'kill-ran'"
             async with asyncio.timeout(20):
-                while not mcp.counts("note"):  # noqa: ASYNC110 (another process's state)
+                while query(store_url, recorded) != [("finished",)]:  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
-            # The server ran it; A records the result a moment later, then asks the model
-            # (1.5 s): kill it during that call. (Killed before the record, B would send
-            # the call again with the same key: at least once, as the contract says.)
-            await asyncio.sleep(0.5)
+            assert mcp.counts("note") == {asked.permission_request_id: 1}
             a.kill()
             call.cancel()
         b = await ServerProcess(store_url, tmp_path / "b.log", *LEASE).start()

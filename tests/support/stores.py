@@ -4,7 +4,9 @@ secret-canary checks; its rows, counted)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import uuid
 from pathlib import Path
 from urllib.parse import quote
@@ -72,6 +74,16 @@ def written_bytes(store_url: str) -> bytes:
                     elif value is not None:
                         out += str(value).encode()
     return bytes(out)
+
+
+def query(store_url: str, sql: str) -> list[tuple[object, ...]]:
+    """Rows of a query run on the store from outside, as a person inspecting it would
+    (a SQLite file a server is using reads fine beside it: WAL)."""
+    if store_url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(store_url.removeprefix("sqlite:///"))) as conn:
+            return conn.execute(sql).fetchall()
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        return conn.execute(sql).fetchall()
 
 
 CHECKPOINT_TABLES = {
