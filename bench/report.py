@@ -515,6 +515,7 @@ def judge_b8(suite: dict[str, Any], b8: dict[str, Any]) -> list[dict[str, Any]]:
         return (f(name) or {}).get("median")
 
     runs = b8.get("runs")
+    every = f"every {b8.get('collect_every', '?')} runs"
     for key, target, limit, label in (
         ("no_stream", "≤ 8 KB", 8, "no stream attached"),
         ("one_stream", "≤ 32 KB", 32, "one stream attached (its StartRun open)"),
@@ -523,7 +524,7 @@ def judge_b8(suite: dict[str, Any], b8: dict[str, Any]) -> list[dict[str, Any]]:
         detail = (
             f"{fmt(runs)} runs; second half alone "
             f"{fmt(med(f'kb_per_parked_run_{key}_second_half'))} KB/run; with the server's "
-            f"garbage collected every 25 runs {fmt(med(f'kb_per_parked_run_{key}_collected'))}"
+            f"garbage collected {every} {fmt(med(f'kb_per_parked_run_{key}_collected'))}"
         )
         if key == "one_stream":
             detail += f"; a bare grpc.aio stream alone {fmt(med('kb_per_stream_floor_grpc'))}"
@@ -543,8 +544,8 @@ def judge_b8(suite: dict[str, Any], b8: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     for key, label in (
-        ("no_stream_collected", "B8 the same, no stream, garbage collected every 25 runs"),
-        ("one_stream_collected", "B8 the same, one stream, garbage collected every 25 runs"),
+        ("no_stream_collected", f"B8 the same, no stream, garbage collected {every}"),
+        ("one_stream_collected", f"B8 the same, one stream, garbage collected {every}"),
     ):
         value = f(f"kb_per_parked_run_{key}")
         if value is not None:

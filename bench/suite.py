@@ -1694,6 +1694,7 @@ async def bench_b8(cfg: Config, work: Path) -> dict[str, Any]:
     return {
         "figures": figures,
         "runs": cfg.b8_runs,
+        "collect_every": B8_COLLECT_EVERY,
         "resumes": cfg.b8_resumes,
         "resume_first_kinds": first_kinds,
         "resume_sequences": sequences,
