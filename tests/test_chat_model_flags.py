@@ -9,8 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from roundtable.chat import CLI_CREDENTIAL, ModelChoice, model_choice, parse_model, read_api_key
+from roundtable.chat import (
+    CLI_CREDENTIAL,
+    ModelChoice,
+    chat_snapshot,
+    model_choice,
+    parse_model,
+    read_api_key,
+)
 from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import snapshot_pb2 as spb
 from support.openai_server import OpenAITestServer, Reply
 from support.process import ServerProcess
 
@@ -101,3 +109,19 @@ async def test_chat_reaches_the_model_with_the_key_and_never_prints_it(tmp_path:
     assert speaker.authorization == f"Bearer {KEY}"
     assert KEY not in printed
     assert KEY not in (tmp_path / "serve.log").read_text("utf-8")
+
+
+def test_kind_replaces_the_kind_of_a_snapshot_file_and_text_its_user_turn(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "snapshot.json"
+    example = Path(__file__).parents[1] / "examples" / "llm-snapshot.json"
+    path.write_text(example.read_text("utf-8"), "utf-8")
+    as_written = chat_snapshot(str(path), "", None)
+    assert as_written.session.kind == spb.SESSION_KIND_GROUP and as_written.user_turn.text
+    single = chat_snapshot(str(path), "use weather for Paris", "single")
+    assert single.session.kind == spb.SESSION_KIND_SINGLE
+    assert single.user_turn.text == "use weather for Paris"
+    assert single.members == as_written.members, "nothing else changes"
+    assert chat_snapshot(None, "", "single").session.kind == spb.SESSION_KIND_SINGLE
+    assert chat_snapshot(None, "", None).session.kind == spb.SESSION_KIND_GROUP

@@ -131,12 +131,30 @@ def model_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> ModelC
     )
 
 
+def chat_snapshot(path: str | None, text: str, kind: str | None) -> spb.Snapshot:
+    """The turn's snapshot: the JSON file at `path` (its session's kind replaced by `kind`
+    when one is given, its user turn by `text` when there is one), else the demo roster."""
+    if not path:
+        return demo_snapshot(text or "count off", kind=kind or "group")
+    snapshot = json_format.Parse(Path(path).read_text("utf-8"), spb.Snapshot())
+    if text:
+        snapshot.user_turn.text = text
+    if kind:
+        single = kind == "single"
+        snapshot.session.kind = spb.SESSION_KIND_SINGLE if single else spb.SESSION_KIND_GROUP
+    return snapshot
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roundtable chat")
     parser.add_argument("text", nargs="*", help="what the user says")
     parser.add_argument("--target", default="127.0.0.1:50051", help="the sidecar's host:port")
     parser.add_argument("--snapshot", help="a JSON Snapshot file instead of the demo roster")
-    parser.add_argument("--kind", choices=("group", "single"), default="group")
+    parser.add_argument(
+        "--kind",
+        choices=("group", "single"),
+        help="group chat (the default) or single chat; with --snapshot, instead of its own",
+    )
     parser.add_argument("--thread", default="demo-thread", help="thread id")
     parser.add_argument("--run-id", default="", help="run id (default: a new one)")
     parser.add_argument("--tenant", default="demo")
@@ -209,13 +227,7 @@ def run_chat(argv: Sequence[str]) -> int:
         cert=Path(args.tls_cert_file).read_bytes() if args.tls_cert_file else None,
         key=Path(args.tls_key_file).read_bytes() if args.tls_key_file else None,
     )
-    text = " ".join(args.text)
-    if args.snapshot:
-        snapshot = json_format.Parse(Path(args.snapshot).read_text("utf-8"), spb.Snapshot())
-        if text:
-            snapshot.user_turn.text = text
-    else:
-        snapshot = demo_snapshot(text or "count off", kind=args.kind)
+    snapshot = chat_snapshot(args.snapshot, " ".join(args.text), args.kind)
     names = {m.member_id: m.display_name for m in snapshot.members}
     run_id = args.run_id or f"chat-{uuid.uuid4().hex[:12]}"
     request = pb.StartRunRequest(
