@@ -8,7 +8,7 @@ import pytest
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, Memory, Session, SessionKind, Snapshot, UserTurn
 from roundtable.graph.countoff import check_count_off
-from roundtable.graph.directives import FILLERS, classify
+from roundtable.graph.directives import COMMANDS, EVERYONE, FILLERS, classify
 from roundtable.graph.memory_select import select_memories
 
 ROSTER = (
@@ -186,9 +186,37 @@ _EN = sorted({word for row in FILLERS for word in row[0]})
 _ZH = sorted({word for row in FILLERS for word in row[1]})
 
 
-def test_every_filler_meaning_has_both_languages() -> None:
-    for english, chinese in FILLERS:
+def test_every_filler_and_directive_meaning_has_both_languages() -> None:
+    for english, chinese in (*FILLERS, *EVERYONE, *(r for rows in COMMANDS.values() for r in rows)):
         assert english and chinese, f"{english or chinese} has no twin in the other language"
+
+
+_SPELLED = {r"count(?:ing)?[\s-]*off": "counting off", r"sound[\s-]*off": "sound-off"}
+"""A way to write each English pattern of COMMANDS (the others are words)."""
+
+
+@pytest.mark.parametrize(
+    ("kind", "word", "language"),
+    [
+        (kind, word, language)
+        for kind, rows in COMMANDS.items()
+        for row in rows
+        for language, words in enumerate(row)
+        for word in words
+    ],
+)
+def test_every_directive_word_in_either_language_is_its_directive(
+    kind: DirectiveKind, word: str, language: int
+) -> None:
+    word = _SPELLED.get(word, word)
+    for form in ("{w}", "{w}!", *_AROUND[language]):
+        text = form.format(w=word, command=word, filler="please" if language == 0 else "请")
+        assert classify(snap(text)).kind is kind, text
+
+
+@pytest.mark.parametrize("word", [w for row in EVERYONE for words in row for w in words])
+def test_every_word_for_everyone_after_an_at_is_all(word: str) -> None:
+    assert classify(snap(f"@{word} 你好 hello")).kind is DirectiveKind.ALL
 
 
 _AROUND = (

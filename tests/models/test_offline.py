@@ -11,6 +11,7 @@ from roundtable.graph.nodes.supervisor import SupervisorPlan
 from roundtable.models.base import ChatCall, ChatMessage
 from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.models.offline import OfflineProvider, offline_factory
+from roundtable.models.offline_script import PREFER, REMEMBER, remembered
 
 TARGET = ModelTarget(provider="offline", model="m")
 MEMBER = ChatCall(
@@ -92,3 +93,26 @@ async def test_an_open_question_about_a_number_is_not_read_as_a_count_off() -> N
     )
     answer = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
     assert answer.text != "7!" and "lucky" in answer.text
+
+
+@pytest.mark.parametrize(
+    ("cue", "language"),
+    [(w, lang) for row in REMEMBER for lang, side in enumerate(row) for w in side],
+)
+def test_every_remember_cue_in_either_language_keeps_what_follows(cue: str, language: int) -> None:
+    fact = "green tea in the morning" if language == 0 else "早上喝绿茶"
+    assert remembered(f"Hi. {cue} {fact}. Thanks") == [fact]
+
+
+@pytest.mark.parametrize(
+    ("cue", "language"),
+    [(w, lang) for row in PREFER for lang, side in enumerate(row) for w in side],
+)
+def test_every_preference_in_either_language_is_kept_whole(cue: str, language: int) -> None:
+    thing = "green tea" if language == 0 else "绿茶"
+    assert remembered(f"{cue} {thing}!") == [f"{cue} {thing}"]
+
+
+def test_every_memory_cue_has_both_languages() -> None:
+    for english, chinese in (*REMEMBER, *PREFER):
+        assert english and chinese, f"{english or chinese} has no twin in the other language"

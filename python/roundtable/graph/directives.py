@@ -58,12 +58,47 @@ def _directive(words: str) -> re.Pattern[str]:
     )
 
 
-_STOP = _directive(r"停止|停|stop|stop it|halt")
-_CONTINUE = _directive(r"继续|continue|go on|keep going|carry on")
-_COUNT_OFF = _directive(r"报数|报个数|count(?:ing)?[\s-]*off|sound[\s-]*off")
+Twins = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+"""(English, Chinese) rows, one per meaning: what one language accepts, the other does too."""
+
+COMMANDS: dict[DirectiveKind, Twins] = {
+    # English entries are patterns (a space stands for any run of spaces; count-off also
+    # takes "count-off" and "countoff"); Chinese ones are the words as written.
+    DirectiveKind.STOP: (
+        (("stop",), ("停止", "停")),
+        (("stop it",), ("停下", "停下来")),
+        (("stop talking",), ("别说了",)),
+        (("halt",), ("打住",)),
+    ),
+    DirectiveKind.CONTINUE: (
+        (("continue",), ("继续",)),
+        (("go on", "keep going"), ("接着说", "继续说", "说下去")),
+        (("carry on",), ("接着来",)),
+    ),
+    DirectiveKind.COUNT_OFF: (
+        ((r"count(?:ing)?[\s-]*off",), ("报数", "报个数")),
+        ((r"sound[\s-]*off",), ("报一下数",)),
+    ),
+}
+"""The words of the directives that count only as the whole message."""
+
+EVERYONE: Twins = ((("all",), ("全体成员",)), (("everyone", "everybody"), ("所有人", "大家")))
+"""What follows an @ to address every member (`@all`, `@全体成员`)."""
+
+
+def _words(rows: Twins) -> str:
+    english = [w.replace(" ", r"\s+") for row in rows for w in row[0]]
+    chinese = [re.escape(w) for row in rows for w in row[1]]
+    # Longest first: "stop it" before "stop", "停止" before "停".
+    return "|".join(sorted(english + chinese, key=len, reverse=True))
+
+
+_STOP = _directive(_words(COMMANDS[DirectiveKind.STOP]))
+_CONTINUE = _directive(_words(COMMANDS[DirectiveKind.CONTINUE]))
+_COUNT_OFF = _directive(_words(COMMANDS[DirectiveKind.COUNT_OFF]))
 # An @ that starts a mention: not inside a word or an e-mail address ("bob@lin.org").
 _AT = r"(?<![\w.])@"
-_ALL = re.compile(rf"{_AT}(?:全体成员|所有人|all|everyone|everybody)(?!\w)")
+_ALL = re.compile(rf"{_AT}(?:{_words(EVERYONE)})(?!\w)")
 _MENTION_AT = re.compile(_AT)
 
 

@@ -14,10 +14,24 @@ from roundtable.domain import prompt_sections as sections
 # The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
 # question about "number 7" that a supervisor puts in a task is no count-off.
 _NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.")
-# "remember that X" keeps X; "I prefer X" keeps the whole statement (the verb is the fact).
+Twins = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+"""(English, Chinese) rows, one per meaning: what one language accepts, the other does too."""
+
+REMEMBER: Twins = ((("please remember", "remember that", "remember:"), ("请记住", "记住")),)
+"""Cues whose rest of the sentence the offline model proposes to remember ("remember that
+X" keeps X)."""
+PREFER: Twins = ((("I prefer",), ("我更喜欢",)), (("I like",), ("我喜欢",)))
+"""Statements the offline model proposes to remember whole (the verb is the fact)."""
+
+
+def _alternatives(rows: Twins) -> str:
+    words = [w for row in rows for side in row for w in side]
+    return "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+
+
 _EXPLICIT_MEMORY = re.compile(
-    r"(?:(?:please remember|remember that|remember:|记住)[:：,，]?\s*([^.!?。！？\n]+))"
-    r"|((?:I prefer|我喜欢|我更喜欢)\s*[^.!?。！？\n]+)",
+    rf"(?:(?:{_alternatives(REMEMBER)})[:：,，]?\s*([^.!?。！？\n]+))"
+    rf"|((?:{_alternatives(PREFER)})\s*[^.!?。！？\n]+)",
     re.IGNORECASE,
 )
 
@@ -112,12 +126,16 @@ def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool) -> dict[str, An
     return {"steps": steps, "converged": True}
 
 
+def remembered(text: str) -> list[str]:
+    """What the offline model proposes to remember from the user's text, in order."""
+    return [(m.group(1) or m.group(2)).strip() for m in _EXPLICIT_MEMORY.finditer(text)]
+
+
 def _memories(turn: dict[str, Any]) -> dict[str, Any]:
     text = str(turn.get("user_text", ""))
     replies: list[dict[str, str]] = turn.get("replies", [])
     proposals = []
-    for match in _EXPLICIT_MEMORY.finditer(text):
-        content = (match.group(1) or match.group(2)).strip()
+    for content in remembered(text):
         for reply in replies:
             proposals.append(
                 {
