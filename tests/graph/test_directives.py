@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -254,3 +255,20 @@ def test_chinese_fillers_from_the_field(text: str) -> None:
 )
 def test_a_filler_is_a_word_and_a_negation_is_no_filler(text: str) -> None:
     assert classify(snap(text)).kind not in {DirectiveKind.STOP, DirectiveKind.COUNT_OFF}
+
+
+@pytest.mark.parametrize("filler", ["那就", "all right ", "好的，"])
+def test_a_message_of_fillers_up_to_the_size_limit_is_classified_without_backtracking(
+    filler: str,
+) -> None:
+    """Fillers made of fillers ("那就" = "那" + "就") once let the directive patterns try
+    every split of them: 44 characters took 4 s, and it doubled with each filler more. A
+    message of 32 KiB of them is classified at once (here: within 10 s, in a thread, so a
+    regression fails instead of hanging the suite)."""
+    text = filler * (32 * 1024 // len(filler.encode()))
+    result: list[DirectiveKind] = []
+    worker = threading.Thread(target=lambda: result.append(classify(snap(text + "x")).kind))
+    worker.daemon = True
+    worker.start()
+    worker.join(10)
+    assert result == [DirectiveKind.OPEN]

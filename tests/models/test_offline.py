@@ -116,3 +116,8 @@ def test_every_preference_in_either_language_is_kept_whole(cue: str, language: i
 def test_every_memory_cue_has_both_languages() -> None:
     for english, chinese in (*REMEMBER, *PREFER):
         assert english and chinese, f"{english or chinese} has no twin in the other language"
+
+
+@pytest.mark.parametrize("text", ["Is sushi like sashimi?", "I liked it", "Hi like you said"])
+def test_an_english_cue_counts_only_as_whole_words(text: str) -> None:
+    assert remembered(text) == []

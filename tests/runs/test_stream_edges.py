@@ -454,3 +454,27 @@ async def test_a_stored_log_without_its_end_ends_the_stream_unavailable(start_se
     closed = old[-1].run_failed
     assert (closed.code, closed.retryable) == ("RUN_INTERRUPTED", False)
     assert "open-2" in closed.message
+
+
+async def test_a_run_is_reported_ended_only_once_its_end_is_written(server, stub, monkeypatch):
+    """GetRun while the terminal event and the final row are being written says running;
+    once they are, succeeded, and the stream's last event is the one written."""
+    store = server.store
+    real_end_run = store.end_run
+    writing, release = asyncio.Event(), asyncio.Event()
+
+    async def end_run(record, holder, event):
+        writing.set()
+        await release.wait()
+        await real_end_run(record, holder, event)
+
+    monkeypatch.setattr(store, "end_run", end_run)
+    events = asyncio.create_task(collect(stub.StartRun(start_request("报数", run_id="end-1"))))
+    await asyncio.wait_for(writing.wait(), 10)
+    during = (await stub.GetRun(pb.GetRunRequest(run_id="end-1", tenant="tenant-1"))).run
+    release.set()
+    streamed = await asyncio.wait_for(events, 10)
+    after = (await stub.GetRun(pb.GetRunRequest(run_id="end-1", tenant="tenant-1"))).run
+    assert during.status == pb.RUN_STATUS_RUNNING
+    assert kinds(streamed)[-1] == "run_completed"
+    assert (after.status, after.last_seq) == (pb.RUN_STATUS_SUCCEEDED, streamed[-1].seq)

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from roundtable.runs.parking import Parking
 from roundtable.server import RunningServer
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -243,6 +244,15 @@ async def test_a_stop_turn_ends_a_run_waiting_on_its_thread(
     assert "cancelled" in (late.value.details() or "")
 
 
+async def watching(parking: Parking) -> asyncio.Task[None]:
+    """The parked runs' watch, once on (the row says "waiting" a moment before the run
+    takes its place among the parked, which starts the watch)."""
+    async with asyncio.timeout(5):
+        while parking._watch is None or parking._watch.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    return parking._watch
+
+
 async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_parked(
     server: RunningServer, stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
 ) -> None:
@@ -255,8 +265,7 @@ async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_park
     reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "p1")))
     asked = (await reader.until("permission_required")).permission_required
     await waiting_run(stub, "p1")
-    first = parking._watch
-    assert first is not None and not first.done()
+    first = await watching(parking)
     await stub.ResolvePermission(resolve("p1", asked.permission_request_id, APPROVE))
     assert kinds(await reader.end())[-1] == "run_completed"
     async with asyncio.timeout(5):
@@ -265,8 +274,12 @@ async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_park
     second = Reader(stub.StartRun(tool_request("use note for more milk", mcp, "p2")))
     await second.until("permission_required")
     await waiting_run(stub, "p2")
-    assert parking._watch is not None and not parking._watch.done(), "started again"
+    assert await watching(parking) is not first, "started again"
     # As another replica records it: only the watch can bring it to the run parked here.
     assert await server.store.request_cancel("tenant-1", "p2", "graceful", "stop_turn")
     assert kinds(await second.end())[-1] == "run_cancelled"
     assert mcp.counts("note") == {asked.permission_request_id: 1}
+    # A stopping process watches no more, whatever parks while it drains.
+    parking.close()
+    parking._watching()
+    assert parking._watch is None or parking._watch.done() or parking._watch.cancelling()

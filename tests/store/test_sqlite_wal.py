@@ -47,7 +47,9 @@ async def test_the_log_is_copied_back_and_restarts_under_continuous_writes(
         # competes for the CPU: 13 MB seen with three busy processes beside the test, 24.9 MB
         # beside a C++ build on both cores): well under half of 58 MB is a log that restarts.
         assert size(wal) < 8000 * PAGE, "the log restarts instead of growing"
-        assert store.wal_checkpoints >= 5
+        # Whole copies happen (a restart needs one); how many of the 60 attempts finish whole
+        # depends on the machine's load (4 seen beside a CI run, 20+ on an idle machine).
+        assert store.wal_checkpoints >= 1
         assert size(db) > 2 * 1024 * 1024, "the events reached the database file"
         events = await store.read_events("acme", "run-1", 0)
         assert [e.seq for e in events] == list(range(1, 6001))

@@ -25,8 +25,15 @@ PREFER: Twins = ((("I prefer",), ("我更喜欢",)), (("I like",), ("我喜欢",
 
 
 def _alternatives(rows: Twins) -> str:
-    words = [w for row in rows for side in row for w in side]
-    return "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+    """The cues as one alternation, longest first; an English cue only as whole words ("I
+    like", not "sushi like" or "I liked")."""
+    english = [
+        rf"(?<!\w){re.escape(w)}" + (r"\b" if w[-1].isalnum() else "")
+        for row in rows
+        for w in row[0]
+    ]
+    chinese = [re.escape(w) for row in rows for w in row[1]]
+    return "|".join(sorted(english + chinese, key=len, reverse=True))
 
 
 _EXPLICIT_MEMORY = re.compile(

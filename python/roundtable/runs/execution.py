@@ -182,7 +182,7 @@ class Executor:
         """The execution, mapped to its terminal event and final status."""
         record = live.record
         sink = RunSink(live, self.log.store, self.coordination, first_seq=record.last_seq)
-        keeper = self.coordination.attend(live, sink)
+        keeper = sink.keeper = self.coordination.attend(live, sink)
         status = RunStatus.FAILED
         wake_at = 0.0
         waiting: tuple[str, ...] = ()

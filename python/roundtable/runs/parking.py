@@ -48,6 +48,8 @@ class Parking:
         self.lease_s = lease_s
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watch: asyncio.Task[None] | None = None
+        self._closed = False
+        """The process is stopping: no watch starts again (`close`)."""
         registry.on_wake = self.wake
         registry.on_park = self._watching
         registry.on_stop = self._stop_soon
@@ -56,7 +58,7 @@ class Parking:
         """Starts the coordination's watch of parked runs at a park, unless it is on: it
         ends by itself once nothing is parked (between its polls, never while a park
         could slip by it: both run on the loop, the watch looks after every sleep)."""
-        if self._watch is None or self._watch.done():
+        if not self._closed and (self._watch is None or self._watch.done()):
             self._watch = self.coordination.watch_parked(self.registry.parked_keys, self._wake_key)
 
     def _wake_key(self, key: tuple[str, str]) -> None:
@@ -128,6 +130,8 @@ class Parking:
         return await store.finish_run(record, owner)
 
     def close(self) -> None:
-        """Stops watching parked runs (the process is stopping)."""
+        """Stops watching parked runs for good (the process is stopping: a run that parks
+        while it drains stays parked, for the next replica or restart)."""
+        self._closed = True
         if self._watch is not None:
             self._watch.cancel()

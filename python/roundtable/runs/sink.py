@@ -12,13 +12,21 @@ message. A reply written within one window (a short or cached answer) streams no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from roundtable.codec.events import kind_of, seal
 from roundtable.domain.events import AssistantDelta, AssistantFinal, Envelope, Event, SpeakerFailed
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.live import LiveRun
-from roundtable.store.base import CancelMark, LeaseLost, RunStatus, RunStore, StoredEvent
+from roundtable.store.base import (
+    CancelMark,
+    LeaseLost,
+    RunRecord,
+    RunStatus,
+    RunStore,
+    StoredEvent,
+)
 
 
 class _Pending:
@@ -60,6 +68,8 @@ class RunSink:
         self._mark_fresh = False
         self.ended = False
         """Whether the terminal event and the run's final row are written (`end`)."""
+        self.keeper: asyncio.Task[None] | None = None
+        """What keeps the run's lease while it executes (`Coordination.attend`)."""
 
     def take_cancel_mark(self) -> tuple[bool, CancelMark | None]:
         """Whether a durable event was appended since the last call, and the cancel the
@@ -74,7 +84,11 @@ class RunSink:
 
     async def end(self, event: Event, status: RunStatus) -> None:
         """Commits the execution's terminal event together with the run's final row in
-        `status` (`RunStore.end_run`), then hands it to the streams."""
+        `status` (`RunStore.end_run`), then hands it to the streams. The lease keeper stops
+        first: the row gives the lease up, and a renewal landing after it would find the
+        run not this replica's and take that for a takeover."""
+        if self.keeper is not None:
+            self.keeper.cancel()
         await self._commit(event, status)
 
     async def _commit(self, event: Event, ending: RunStatus | None) -> None:
@@ -87,25 +101,33 @@ class RunSink:
             envelope = seal(record.run_id, seq, time.time(), event)
             stored = StoredEvent(seq, kind_of(event), envelope.wire)
             owner = self.coordination.owner
+            final = None
             if ending is None:
                 write = self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
             else:
-                record.status = ending
-                write = self.store.end_run(record, owner, stored)
+                # The live record (GetRun, CancelRun read it) changes once this is written.
+                final = dataclasses.replace(record, status=ending, last_seq=seq)
+                write = self.store.end_run(final, owner, stored)
             try:
                 await self.coordination.append(
-                    write, lambda mark: self._accepted(envelope, mark, ending is not None)
+                    write, lambda mark: self._accepted(envelope, mark, final)
                 )
             except LeaseLost:
                 self.live.lease_lost = True  # the run is another replica's: write nothing more
                 raise
 
-    def _accepted(self, envelope: Envelope, mark: CancelMark | None, ended: bool) -> None:
-        """The event is in the log: it takes its seq, and the streams get it."""
-        self.ended = ended
+    def _accepted(
+        self, envelope: Envelope, mark: CancelMark | None, final: RunRecord | None
+    ) -> None:
+        """The event is in the log (with the run's `final` row, for its end): it takes its
+        seq, and the streams get it."""
         self._mark, self._mark_fresh = mark, True
         self.seq = envelope.seq
-        self.live.record.last_seq = envelope.seq
+        record = self.live.record
+        record.last_seq = envelope.seq
+        if final is not None:
+            self.ended = True
+            record.status, record.updated_at = final.status, final.updated_at
         self.live.progress.observe(envelope.event)
         self.live.publish(envelope)
 
