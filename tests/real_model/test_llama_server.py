@@ -174,11 +174,14 @@ async def test_memory_proposals_are_parsed_or_skipped_as_a_model_error(
     )
     events = await collect(stub.StartRun(request))
 
-    # The last attempt is judged; one before it may have met a connection llama-server
-    # closed as it was reused (seen once in CI: "the server closed the connection
-    # mid-answer" after 3 ms), which the harness retries, as it should.
+    # The last attempt is judged; one before it may have failed in a way the harness
+    # retries, as it should: a connection llama-server closed as it was reused (seen once
+    # in CI: "the server closed the connection mid-answer" after 3 ms), or a timeout on a
+    # machine busy with other work (seen once, two attempts). Never a refused schema.
     *retried, attempt = audit(caplog, "rm-memory", "propose_memory")
-    assert all(r["error_code"] == "MODEL_UNAVAILABLE" for r in retried), retried
+    tried = [(r["attempt"], r["status"], r["error_code"], r["latency_ms"]) for r in retried]
+    transient = {"MODEL_UNAVAILABLE", "MODEL_TIMEOUT"}
+    assert all(r["error_code"] in transient for r in retried), tried
     proposed = of_kind(events, "memory_proposed")
     print(f"\nmemory: {attempt['status']} {attempt['error_code']} proposed={len(proposed)}")
     assert (attempt["status"], attempt["error_code"]) in (
