@@ -19,7 +19,7 @@ _EN = re.compile(
     re.IGNORECASE,
 )
 _ZH = re.compile(
-    r"用\s*(?P<tool>[A-Za-z0-9_-]{1,64})\s*(?:查询|查找|搜索|查|找|记录|记)?\s*(?P<rest>[^\n]+)"
+    r"用\s*+(?P<tool>[A-Za-z0-9_-]{1,64})\s*+(?:查询|查找|搜索|查|找|记录|记)?+\s*+(?P<rest>[^\n]+)"
 )
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 

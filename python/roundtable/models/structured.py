@@ -143,7 +143,11 @@ def _instruction(schema: type[BaseModel]) -> str:
     )
 
 
-_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"^\s*+```(?:json)?+(.*)```\s*+\Z", re.DOTALL | re.IGNORECASE)
+"""A reply wrapped in a ```json fence; its body is stripped in Python. Greedy to the last
+fence, whitespace taken possessively: a model's reply is not ours to trust, and blanks, a
+lazy body and blanks side by side let a reply of blanks without its closing fence take
+time cubic in its length (hours for a 64 K reply)."""
 
 
 def parse_answer(text: str, schema: type[BaseModel], form: StructuredForm) -> BaseModel:
@@ -156,7 +160,7 @@ def parse_answer(text: str, schema: type[BaseModel], form: StructuredForm) -> Ba
             the fields that failed), never the text itself (it may echo the prompt).
     """
     fenced = _FENCE.match(text)
-    body = fenced.group(1) if fenced else text.strip()
+    body = (fenced.group(1) if fenced else text).strip()
     try:
         data = json.loads(body)
     except json.JSONDecodeError:

@@ -1,0 +1,59 @@
+"""A structured answer as models write it: bare JSON, or inside a ```json fence; whatever
+else a model (or a hostile endpoint) sends is INVALID_OUTPUT, found at once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pydantic import BaseModel
+from roundtable.domain.errors import InvalidModelOutput
+from roundtable.models.structured import StructuredForm, parse_answer
+
+
+class Answer(BaseModel):
+    a: int
+
+
+FORM = StructuredForm.JSON_SCHEMA
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1}',
+        ' \n{"a": 1}\n',
+        '```json\n{"a": 1}\n```',
+        '  ```JSON {"a": 1} ```  ',
+        '```{"a": 1}```',
+    ],
+)
+def test_bare_or_fenced_json_is_parsed(text: str) -> None:
+    assert parse_answer(text, Answer, FORM) == Answer(a=1)
+
+
+@pytest.mark.parametrize("text", ["", "```", "``````", "```json\n{}```", '{"a": 1} and more'])
+def test_anything_else_is_invalid_output(text: str) -> None:
+    with pytest.raises(InvalidModelOutput):
+        parse_answer(text, Answer, FORM)
+
+
+@pytest.mark.parametrize("reply", ["```" + " " * 65_536, "```json\n{}" + " " * 65_536 + "x"])
+def test_a_reply_of_blanks_without_its_closing_fence_is_refused_without_backtracking(
+    reply: str,
+) -> None:
+    """`\\s*(.*?)\\s*` once made such a reply take time cubic in its length (2.4 s at 2,000
+    blanks, hours at a reply's 64 K cap). In a thread with a 10 s bound, so a regression
+    fails instead of hanging the suite."""
+    outcome: list[str] = []
+
+    def parse() -> None:
+        try:
+            parse_answer(reply, Answer, FORM)
+        except InvalidModelOutput:
+            outcome.append("invalid")
+
+    worker = threading.Thread(target=parse, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert outcome == ["invalid"]
