@@ -9,13 +9,18 @@ import logging
 from roundtable.harness.audit import Auditor, AuditRecord, ToolAuditRecord
 from roundtable.telemetry.logs import BatchWriter
 
+CORRELATION = {
+    "thread_id": "t-1",
+    "run_id": "r-1",
+    "request_id": "q-1",
+    "tenant": "acme",
+    "caller_node": "dispatch",
+}
+"""What every audit line of a call carries, model or tool."""
+
 RECORDS = [
     AuditRecord(
-        thread_id="t-1",
-        run_id="r-1",
-        request_id="q-1",
-        tenant="acme",
-        caller_node="dispatch",
+        **CORRELATION,
         target="llm:offline:m",
         provider="offline",
         attempt=1,
@@ -26,11 +31,7 @@ RECORDS = [
         usage_source="reported",
     ),
     ToolAuditRecord(
-        thread_id="t-1",
-        run_id="r-1",
-        request_id="q-1",
-        tenant="acme",
-        caller_node="dispatch",
+        **CORRELATION,
         tool="weather",
         server_id="s1",
         call_key="reply/0",
