@@ -95,7 +95,8 @@ def least_served(suite: dict[str, Any]) -> dict[str, Any] | None:
     """What a served turn would cost on this host if serving added nothing but gRPC's own
     server-side work: the in-process durable turn (B1 ii) plus the serve CPU per turn of
     the bare grpc.aio handler that answers the same messages (`grpc_floor`). The engine
-    runs on one thread (the GIL), so the served turn cannot take less; per repetition."""
+    runs on one thread (the GIL), so the served turn cannot take less. B1 ii per
+    repetition, plus the handler's CPU as one mean over the run (measured once a run)."""
     durable = fig(suite, "B1", "ii_durable")
     cpu = ((suite.get("benches") or {}).get("B1") or {}).get("server_cpu_ms_per_turn") or {}
     grpc_ms = cpu.get("grpc_floor")

@@ -36,12 +36,16 @@ DEMO_MEMBERS = (
 )
 
 
+KINDS = {"group": spb.SESSION_KIND_GROUP, "single": spb.SESSION_KIND_SINGLE}
+"""`--kind`'s choices, as the session kinds they are."""
+
+
 def demo_snapshot(text: str, *, kind: str = "group") -> spb.Snapshot:
     """A four-member demo roster (distinct personas) around the user's text."""
     snapshot = spb.Snapshot(
         session=spb.Session(
             session_id="demo",
-            kind=spb.SESSION_KIND_SINGLE if kind == "single" else spb.SESSION_KIND_GROUP,
+            kind=KINDS[kind],
             primary_member_id="lin",
         ),
         user_turn=spb.UserTurn(text=text),
@@ -140,8 +144,7 @@ def chat_snapshot(path: str | None, text: str, kind: str | None) -> spb.Snapshot
     if text:
         snapshot.user_turn.text = text
     if kind:
-        single = kind == "single"
-        snapshot.session.kind = spb.SESSION_KIND_SINGLE if single else spb.SESSION_KIND_GROUP
+        snapshot.session.kind = KINDS[kind]
     return snapshot
 
 
@@ -152,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--snapshot", help="a JSON Snapshot file instead of the demo roster")
     parser.add_argument(
         "--kind",
-        choices=("group", "single"),
+        choices=tuple(KINDS),
         help="group chat (the default) or single chat; with --snapshot, instead of its own",
     )
     parser.add_argument("--thread", default="demo-thread", help="thread id")

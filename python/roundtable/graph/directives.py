@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, SessionKind, Snapshot
+from roundtable.domain.words import Twins, alternation
 
 # A directive must stand alone as the user's instruction, not be buried in a sentence
 # about something else: "stop" but not "bus stop schedule?", "报数" but not "what does 报数
 # mean?" or "a discount off the list price". Punctuation, @mentions before it and the words
 # people put around a command are fine ("大家报数！", "好了，停止", "ok, count off, please").
 
-FILLERS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+FILLERS: Twins = (
     # (English, Chinese): one row per meaning, so that each language accepts what the other does.
     (("ok", "okay", "k"), ("好", "好的", "好吧", "可以")),
     (("alright", "all right", "right"), ("好了", "行了", "对")),
@@ -40,14 +41,11 @@ FILLERS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
 for. English words stand as words (no "also" for "so"); Chinese ones need no spaces."""
 
 
-def _filler_pattern() -> str:
-    english = sorted({w for row in FILLERS for w in row[0]}, key=len, reverse=True)
-    chinese = sorted({w for row in FILLERS for w in row[1]}, key=len, reverse=True)
-    words = "|".join(re.escape(w).replace(r"\ ", r"\s+") + r"\b" for w in english)
-    return rf"(?:{words}|{'|'.join(map(re.escape, chinese))})"
+def _as_word(word: str) -> str:
+    return re.escape(word).replace(r"\ ", r"\s+") + r"\b"
 
 
-_POLITE = _filler_pattern()
+_POLITE = f"(?:{alternation(FILLERS, _as_word)})"
 _EDGE = r"[\s,.!?;:~，。！？；：、…]*"
 
 
@@ -62,9 +60,6 @@ def _directive(words: str) -> re.Pattern[str]:
         re.IGNORECASE,
     )
 
-
-Twins = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
-"""(English, Chinese) rows, one per meaning: what one language accepts, the other does too."""
 
 COMMANDS: dict[DirectiveKind, Twins] = {
     # English entries are patterns (a space stands for any run of spaces; count-off also
@@ -92,10 +87,7 @@ EVERYONE: Twins = ((("all",), ("全体成员",)), (("everyone", "everybody"), ("
 
 
 def _words(rows: Twins) -> str:
-    english = [w.replace(" ", r"\s+") for row in rows for w in row[0]]
-    chinese = [re.escape(w) for row in rows for w in row[1]]
-    # Longest first: "stop it" before "stop", "停止" before "停".
-    return "|".join(sorted(english + chinese, key=len, reverse=True))
+    return alternation(rows, lambda pattern: pattern.replace(" ", r"\s+"))
 
 
 _STOP = _directive(_words(COMMANDS[DirectiveKind.STOP]))

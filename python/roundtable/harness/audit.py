@@ -6,6 +6,7 @@ record types have no field that could hold them, so nothing can leak by accident
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -42,10 +43,6 @@ class AuditRecord:
     error: str = ""
     """Why the attempt failed, in Roundtable's own words ("HTTP 503 Service Unavailable",
     "connection refused (ECONNREFUSED)"): never the provider's message or body."""
-
-    def json_line(self) -> str:
-        """The record as one JSON object (the audit line's message)."""
-        return _json_line(self)
 
     @classmethod
     def of(
@@ -109,10 +106,6 @@ class ToolAuditRecord:
     """On a success: the tool ran and reported an error (MCP `isError`)."""
     error_code: str = ""
 
-    def json_line(self) -> str:
-        """The record as one JSON object (the audit line's message)."""
-        return _json_line(self)
-
     @classmethod
     def of(
         cls,
@@ -149,6 +142,7 @@ _FIELDS: dict[type, tuple[str, ...]] = {
 
 
 def _json_line(record: AuditRecord | ToolAuditRecord) -> str:
+    """The record as one JSON object (the audit line's message)."""
     # A flat dict by hand: dataclasses.asdict deep-copies and costs several times more.
     values = {name: getattr(record, name) for name in _FIELDS[type(record)]}
     return json.dumps(values, separators=(",", ":"))
@@ -174,6 +168,7 @@ class Auditor:
             return
         handler = direct_handler(self.logger, logging.INFO)
         if handler is not None:
-            handler.defer(Deferred(self.logger.name, logging.INFO, time.time(), record.json_line))
+            line = functools.partial(_json_line, record)
+            handler.defer(Deferred(self.logger.name, logging.INFO, time.time(), line))
         else:
-            self.logger.info(record.json_line())
+            self.logger.info(_json_line(record))

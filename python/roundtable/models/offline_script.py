@@ -10,13 +10,11 @@ import re
 from typing import Any
 
 from roundtable.domain import prompt_sections as sections
+from roundtable.domain.words import Twins, alternation
 
 # The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
 # question about "number 7" that a supervisor puts in a task is no count-off.
 _NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.")
-Twins = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
-"""(English, Chinese) rows, one per meaning: what one language accepts, the other does too."""
-
 REMEMBER: Twins = ((("please remember", "remember that", "remember:"), ("请记住", "记住")),)
 """Cues whose rest of the sentence the offline model proposes to remember ("remember that
 X" keeps X)."""
@@ -24,21 +22,14 @@ PREFER: Twins = ((("I prefer",), ("我更喜欢",)), (("I like",), ("我喜欢",
 """Statements the offline model proposes to remember whole (the verb is the fact)."""
 
 
-def _alternatives(rows: Twins) -> str:
-    """The cues as one alternation, longest first; an English cue only as whole words ("I
-    like", not "sushi like" or "I liked")."""
-    english = [
-        rf"(?<!\w){re.escape(w)}" + (r"\b" if w[-1].isalnum() else "")
-        for row in rows
-        for w in row[0]
-    ]
-    chinese = [re.escape(w) for row in rows for w in row[1]]
-    return "|".join(sorted(english + chinese, key=len, reverse=True))
+def _as_words(cue: str) -> str:
+    """An English cue only as whole words ("I like", not "sushi like" or "I liked")."""
+    return rf"(?<!\w){re.escape(cue)}" + (r"\b" if cue[-1].isalnum() else "")
 
 
 _EXPLICIT_MEMORY = re.compile(
-    rf"(?:(?:{_alternatives(REMEMBER)})[:：,，]?\s*([^.!?。！？\n]+))"
-    rf"|((?:{_alternatives(PREFER)})\s*[^.!?。！？\n]+)",
+    rf"(?:(?:{alternation(REMEMBER, _as_words)})[:：,，]?\s*([^.!?。！？\n]+))"
+    rf"|((?:{alternation(PREFER, _as_words)})\s*[^.!?。！？\n]+)",
     re.IGNORECASE,
 )
 

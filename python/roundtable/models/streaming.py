@@ -87,13 +87,13 @@ def finish_reply(
     *,
     ends_with_finish_reason: bool,
 ) -> ChatResult:
-    """The result of a streamed reply, once its stream ended.
+    """The result of a reply, once its stream ended (or, unstreamed, once it arrived whole).
 
     A reply cut at its budget finishes `length` and carries no tool calls: a call whose
     arguments were cut must not run, and the caller sees a reply that ran out of budget.
 
     Args:
-        parts: The reply's text, as its chunks gave it.
+        parts: The reply's text, as its chunks gave it (one part, unstreamed).
         usage: The usage the server reported; None to count the budget's chunks instead.
         finish_reason: The finish reason the stream named ("" when it named none).
         budget: The reply's output budget.

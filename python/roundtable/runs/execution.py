@@ -182,7 +182,7 @@ class Executor:
         """The execution, mapped to its terminal event and final status."""
         record = live.record
         sink = RunSink(live, self.log.store, self.coordination, first_seq=record.last_seq)
-        keeper = sink.keeper = self.coordination.attend(live, sink)
+        sink.keeper = self.coordination.attend(live, sink)
         status = RunStatus.FAILED
         wake_at = 0.0
         waiting: tuple[str, ...] = ()
@@ -239,10 +239,10 @@ class Executor:
                     RunFailed(code="INTERNAL", message=type(exc).__name__, retryable=True), status
                 )
         finally:
-            if keeper is not None:
-                keeper.cancel()
+            if sink.keeper is not None:
+                sink.keeper.cancel()
             sink.flush()
-            await self._finish(live, status, launch, wake_at, row_written=sink.ended)
+            await self._finish(live, status, launch, wake_at, row_written=live.ended)
             if waiting and await decided_meanwhile(self.log.store, live, waiting):
                 # A decision or a cancel came between permission_required and the park
                 # (it found the run still executing): it goes on now.
@@ -369,9 +369,9 @@ class Executor:
         live: LiveRun,
         status: RunStatus,
         launch: Launch,
-        wake_at: float = 0.0,
+        wake_at: float,
         *,
-        row_written: bool = False,
+        row_written: bool,
     ) -> None:
         """Writes the run's final row, unless its terminal event wrote it already
         (`row_written`) or another replica owns it now, and lets the run go."""

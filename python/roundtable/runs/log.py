@@ -8,6 +8,7 @@ execution ended, whether it failed in a way the same StartRun may resume.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from roundtable.codec.events import decode, kind_of, seal
@@ -77,6 +78,21 @@ class EventLog:
     async def append(self, record: RunRecord, event: Event, *, owner: str | None = None) -> int:
         """Appends one event after the log's last (outside any execution); its seq."""
         return (await self._append(record, record.last_seq + 1, event, owner)).seq
+
+    async def end(self, record: RunRecord, event: Event, status: RunStatus, owner: str) -> None:
+        """Appends a terminal event after the log's last (outside any execution) with the
+        run's final row in `status`, in one transaction (`RunStore.end_run`); `record`
+        takes them once written.
+
+        Raises:
+            LeaseLost: the row names another owner; nothing was written.
+        """
+        envelope = seal(record.run_id, record.last_seq + 1, time.time(), event)
+        final = dataclasses.replace(record, status=status)
+        await self.store.end_run(
+            final, owner, StoredEvent(envelope.seq, kind_of(event), envelope.wire)
+        )
+        record.status, record.last_seq, record.updated_at = status, envelope.seq, final.updated_at
 
     async def _append(
         self, record: RunRecord, seq: int, event: Event, owner: str | None

@@ -136,9 +136,9 @@ class RunManager:
     async def _settled(self, tenant: str, run_id: str) -> LiveRun | None:
         """The run's live execution here, once one that already published its end is gone.
 
-        Its terminal event is out and it is writing its registry row: let it, so a StartRun
-        sent right after a run failed retryably or was cancelled resumes it, as one sent a
-        moment later does, instead of attaching to the execution that just ended.
+        Its terminal event and final row are written, and it is leaving the registry: let it,
+        so a StartRun sent right after a run failed retryably or was cancelled resumes it, as
+        one sent a moment later does, instead of attaching to the execution that just ended.
         """
         live = self.registry.get(tenant, run_id)
         if live is not None and live.ended and live.task is not None:

@@ -23,7 +23,7 @@ from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.runs.progress import Progress, cancelled_event
 from roundtable.runs.registry import LiveRegistry
-from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.base import LeaseLost, RunRecord, RunStatus
 
 
 class Parking:
@@ -124,10 +124,13 @@ class Parking:
             return await store.request_cancel(record.tenant, record.run_id, "graceful", reason)
         if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
             return False
-        cancelled = cancelled_event(reason, progress)
-        record.last_seq = await self.log.append(record, cancelled, owner=owner)
-        record.status = RunStatus.CANCELLED
-        return await store.finish_run(record, owner)
+        try:
+            await self.log.end(
+                record, cancelled_event(reason, progress), RunStatus.CANCELLED, owner
+            )
+        except LeaseLost:
+            return False  # another replica took it meanwhile
+        return True
 
     def close(self) -> None:
         """Stops watching parked runs for good (the process is stopping: a run that parks

@@ -35,12 +35,13 @@ class LiveRegistry:
         no task, no graph, and no place among the runs executing."""
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self.on_wake: Callable[[LiveRun], object] | None = None
-        """Called when a parked run's first request expires (the manager resumes it)."""
+        """Called when a parked run's first request expires (`Parking` resumes it)."""
         self.on_stop: Callable[[LiveRun], object] | None = None
         """Called when a parked run is asked to stop by a new turn of its thread (the
-        manager resumes it, its waiting calls denied, to end it)."""
+        `Parking` resumes it, its waiting calls denied, to end it)."""
         self.on_park: Callable[[], object] | None = None
-        """Called when a run parks (the manager starts watching parked runs)."""
+        """Called when a run parks (`Parking` starts its watch of parked runs unless it is
+        on)."""
         self.draining = False
         """Set once the server shuts down: no run starts any more."""
 

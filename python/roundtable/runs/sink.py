@@ -66,8 +66,6 @@ class RunSink:
         self._in_order = asyncio.Lock()
         self._mark: CancelMark | None = None
         self._mark_fresh = False
-        self.ended = False
-        """Whether the terminal event and the run's final row are written (`end`)."""
         self.keeper: asyncio.Task[None] | None = None
         """What keeps the run's lease while it executes (`Coordination.attend`)."""
 
@@ -106,7 +104,7 @@ class RunSink:
                 write = self.store.append_event(record.tenant, record.run_id, stored, owner=owner)
             else:
                 # The live record (GetRun, CancelRun read it) changes once this is written.
-                final = dataclasses.replace(record, status=ending, last_seq=seq)
+                final = dataclasses.replace(record, status=ending)
                 write = self.store.end_run(final, owner, stored)
             try:
                 await self.coordination.append(
@@ -126,7 +124,6 @@ class RunSink:
         record = self.live.record
         record.last_seq = envelope.seq
         if final is not None:
-            self.ended = True
             record.status, record.updated_at = final.status, final.updated_at
         self.live.progress.observe(envelope.event)
         self.live.publish(envelope)

@@ -1339,10 +1339,9 @@ type UserTurn struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The gateway's id of the user's message. Optional.
 	MessageId string `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	// What the user wrote. Directives are read from it: 停止/stop (and
-	// their twins: 停下/stop it, 别说了/stop talking, 打住/halt), 继续/continue
-	// (接着说/go on, keep going; 接着来/carry on), 报数/count off/sound off,
-	// @全体成员/@all, @所有人/@大家/@everyone, @name and @alias. Required unless mentions or mention_all are set; at
+	// What the user wrote. Directives are read from it, in English or Chinese,
+	// for example 停止/stop, 继续/continue, 报数/count off, @全体成员/@all,
+	// @name and @alias (the README lists where the full word lists live). Required unless mentions or mention_all are set; at
 	// most 32 KiB.
 	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
 	// Members the user mentioned explicitly (for example picked from a menu),

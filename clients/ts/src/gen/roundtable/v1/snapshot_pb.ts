@@ -711,10 +711,9 @@ export type UserTurn = Message<"roundtable.v1.UserTurn"> & {
   messageId: string;
 
   /**
-   * What the user wrote. Directives are read from it: 停止/stop (and
-   * their twins: 停下/stop it, 别说了/stop talking, 打住/halt), 继续/continue
-   * (接着说/go on, keep going; 接着来/carry on), 报数/count off/sound off,
-   * @全体成员/@all, @所有人/@大家/@everyone, @name and @alias. Required unless mentions or mention_all are set; at
+   * What the user wrote. Directives are read from it, in English or Chinese,
+   * for example 停止/stop, 继续/continue, 报数/count off, @全体成员/@all,
+   * @name and @alias (the README lists where the full word lists live). Required unless mentions or mention_all are set; at
    * most 32 KiB.
    *
    * @generated from field: string text = 2;

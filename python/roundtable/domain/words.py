@@ -1,0 +1,19 @@
+"""Words of language rules kept in twin rows, so that each language accepts what the other
+does (directives, fillers, the offline model's memory cues)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+Twins = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+"""(English, Chinese) rows, one per meaning: what one language accepts, the other does too."""
+
+
+def alternation(rows: Twins, english: Callable[[str], str]) -> str:
+    """Every word of `rows` as one regex alternation, the longest first ("stop it" is tried
+    before "stop", "停止" before "停"): English words as `english` renders them (as words,
+    as patterns), Chinese ones escaped, as written (they need no spaces around them)."""
+    words = {(word, side) for row in rows for side, twin in enumerate(row) for word in twin}
+    ordered = sorted(words, key=lambda pair: (-len(pair[0]), pair))
+    return "|".join(english(w) if side == 0 else re.escape(w) for w, side in ordered)
