@@ -30,9 +30,8 @@ LEASE = ("--lease-seconds", "1")
 
 
 async def test_killed_while_waiting_then_approved_on_another_server_runs_the_tool_once(
-    tmp_path: Path, store_url: str
+    tmp_path: Path, store_url: str, mcp: McpServerProcess
 ) -> None:
-    mcp = await McpServerProcess(tmp_path / "mcp.log").start()
     request = tool_request("use note for buy milk", mcp, "kill-wait")
     a = await ServerProcess(store_url, tmp_path / "a.log", *LEASE).start()
     a_events: list[epb.RunEvent] = []
@@ -42,7 +41,11 @@ async def test_killed_while_waiting_then_approved_on_another_server_runs_the_too
             async for response in stub.StartRun(request):
                 a_events.append(response.event)
                 if response.event.HasField("permission_required"):
-                    await waiting_run(stub, "kill-wait")  # A parked it: its row says so
+                    await waiting_run(stub, "kill-wait")
+                    parked = "SELECT status FROM rt_runs WHERE run_id = 'kill-wait'"
+                    async with asyncio.timeout(10):  # A parked it: its row says so
+                        while query(store_url, parked) != [("awaiting_approval",)]:  # noqa: ASYNC110
+                            await asyncio.sleep(0.02)
                     a.kill()
                     break
         asked = of_kind(a_events, "permission_required")[0].permission_required
@@ -67,7 +70,6 @@ async def test_killed_while_waiting_then_approved_on_another_server_runs_the_too
         ran = mcp.counts("note")
     finally:
         await a.stop()
-        await mcp.stop()
     assert kinds(events)[-1] == "run_completed"
     # One execution across both servers: it waited, and went on where it waited.
     assert kinds(events).count("run_started") == 1
@@ -78,9 +80,8 @@ async def test_killed_while_waiting_then_approved_on_another_server_runs_the_too
 
 
 async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_it_again(
-    tmp_path: Path, store_url: str
+    tmp_path: Path, store_url: str, mcp: McpServerProcess
 ) -> None:
-    mcp = await McpServerProcess(tmp_path / "mcp.log").start()
     request = tool_request("use note for buy milk", mcp, "kill-ran")
     # Every model call of the member takes 1.5 s: A dies while the model writes the reply
     # after the tool answered.
@@ -122,7 +123,6 @@ async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_i
         ran = mcp.counts("note")
     finally:
         await a.stop()
-        await mcp.stop()
     assert kinds(events)[-1] == "run_completed"
     (final,) = finals(events)
     assert "noted 'buy milk' (1)" in final.content, "the model saw the recorded result"
@@ -131,14 +131,13 @@ async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_i
 
 
 async def test_a_run_waiting_on_replica_a_is_approved_and_cancelled_through_replica_b(
-    tmp_path: Path,
+    tmp_path: Path, mcp: McpServerProcess
 ) -> None:
     """Both replicas live on one Postgres: A keeps the run parked; B follows it, takes the
     decision (`resumed`: the replica keeping it goes on), and A's watch of its parked runs
     resumes it; a second run waiting on A is cancelled through B."""
     dsn = postgres_dsn()
     store = new_schema(dsn)
-    mcp = await McpServerProcess(tmp_path / "mcp.log").start()
     a = await ServerProcess(store, tmp_path / "a.log", *LEASE).start()
     b = await ServerProcess(store, tmp_path / "b.log", *LEASE).start()
     try:
@@ -168,7 +167,6 @@ async def test_a_run_waiting_on_replica_a_is_approved_and_cancelled_through_repl
     finally:
         await a.stop()
         await b.stop()
-        await mcp.stop()
         drop_schema(dsn, store)
     for events in (a_events, b_events):
         assert kinds(events)[-1] == "run_completed"

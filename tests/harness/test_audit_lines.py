@@ -7,7 +7,7 @@ import json
 import logging
 
 from roundtable.harness.audit import Auditor, AuditRecord, ToolAuditRecord
-from roundtable.telemetry.logs import BatchWriter
+from roundtable.telemetry.logs import BatchWriter, Deferred
 
 CORRELATION = {
     "thread_id": "t-1",
@@ -43,26 +43,39 @@ RECORDS = [
 ]
 
 
-def _audit(name: str, *, extra: logging.Handler | None = None) -> list[str]:
-    """Audits RECORDS on logger `name`, whose consumer is a BatchWriter (and `extra`)."""
+def _audit(name: str, *, extra: logging.Handler | None = None) -> tuple[list[str], int]:
+    """Audits RECORDS on logger `name`, whose consumer is a BatchWriter (and `extra`): the
+    lines written, and how many records were handed to the writer unrendered."""
     stream = io.StringIO()
     writer = BatchWriter(stream, logging.Formatter("%(levelname)s %(name)s %(message)s"))
     writer.start()
+    handler = writer.handler()
+    handed = 0
+    defer = handler.defer
+
+    def counted(item: Deferred) -> None:
+        nonlocal handed
+        handed += 1
+        defer(item)
+
+    handler.defer = counted  # type: ignore[method-assign]
     logger = logging.getLogger(name)
     logger.propagate = False
-    logger.handlers[:] = [writer.handler(), *([extra] if extra else [])]
+    logger.handlers[:] = [handler, *([extra] if extra else [])]
     logger.setLevel(logging.INFO)
     auditor = Auditor(logger)
     for record in RECORDS:
         auditor.record(record)
     writer.stop()
-    return stream.getvalue().splitlines()
+    return stream.getvalue().splitlines(), handed
 
 
 def test_the_writer_renders_the_line_logging_would_and_another_handler_sees_it_too() -> None:
-    alone = _audit("rt.test.audit.alone")  # handed to the writer: JSON made on its thread
+    alone, handed = _audit("rt.test.audit.alone")
+    assert handed == len(RECORDS), "handed to the writer: JSON made on its thread"
     seen = io.StringIO()
-    shared = _audit("rt.test.audit.shared", extra=logging.StreamHandler(seen))  # logged
+    shared, handed = _audit("rt.test.audit.shared", extra=logging.StreamHandler(seen))
+    assert handed == 0, "another handler listens: logged as usual"
     strip = [line.split(" ", 2)[2] for line in alone]
     assert strip == [line.split(" ", 2)[2] for line in shared]
     assert [json.loads(text) for text in strip] == [

@@ -15,7 +15,6 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from roundtable.runs.parking import Parking
 from roundtable.server import RunningServer
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -244,13 +243,19 @@ async def test_a_stop_turn_ends_a_run_waiting_on_its_thread(
     assert "cancelled" in (late.value.details() or "")
 
 
-async def watching(parking: Parking) -> asyncio.Task[None]:
+def watches() -> list[asyncio.Task[object]]:
+    """The parked runs' watch tasks running in this process (named "parked")."""
+    return [t for t in asyncio.all_tasks() if t.get_name() == "parked" and not t.done()]
+
+
+async def watching() -> asyncio.Task[object]:
     """The parked runs' watch, once on (the row says "waiting" a moment before the run
     takes its place among the parked, which starts the watch)."""
     async with asyncio.timeout(5):
-        while parking._watch is None or parking._watch.done():  # noqa: ASYNC110
+        while not watches():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-    return parking._watch
+    (watch,) = watches()
+    return watch
 
 
 async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_parked(
@@ -258,14 +263,14 @@ async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_park
 ) -> None:
     """Replicas (Postgres): the one watch of a replica's parked runs stops once none is
     left, so an idle replica makes no query; the next park starts it again, and it still
-    hears a cancel another replica records."""
+    hears a cancel another replica records; once the process is stopping, a park starts
+    no watch."""
     if not server.store.shared:
         pytest.skip("one process on SQLite: every decision lands where the run is parked")
-    parking = server.manager.parking
     reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "p1")))
     asked = (await reader.until("permission_required")).permission_required
     await waiting_run(stub, "p1")
-    first = await watching(parking)
+    first = await watching()
     await stub.ResolvePermission(resolve("p1", asked.permission_request_id, APPROVE))
     assert kinds(await reader.end())[-1] == "run_completed"
     async with asyncio.timeout(5):
@@ -274,12 +279,18 @@ async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_park
     second = Reader(stub.StartRun(tool_request("use note for more milk", mcp, "p2")))
     await second.until("permission_required")
     await waiting_run(stub, "p2")
-    assert await watching(parking) is not first, "started again"
+    assert await watching() is not first, "started again"
     # As another replica records it: only the watch can bring it to the run parked here.
     assert await server.store.request_cancel("tenant-1", "p2", "graceful", "stop_turn")
     assert kinds(await second.end())[-1] == "run_cancelled"
     assert mcp.counts("note") == {asked.permission_request_id: 1}
-    # A stopping process watches no more, whatever parks while it drains.
-    parking.close()
-    parking._watching()
-    assert parking._watch is None or parking._watch.done() or parking._watch.cancelling()
+
+    async with asyncio.timeout(5):
+        while watches():  # noqa: ASYNC110 (nothing parked: it ends within a poll)
+            await asyncio.sleep(0.01)
+    server.manager.parking.close()  # as a drain does first
+    third = Reader(stub.StartRun(tool_request("use note for tea", mcp, "p3")))
+    await third.until("permission_required")
+    await waiting_run(stub, "p3")
+    await asyncio.sleep(0.3)  # longer than a poll: a watch started by the park would be on
+    assert not watches(), "a stopping process starts no watch"

@@ -12,7 +12,6 @@ from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
 from support.approvals import tool_request
 from support.builders import collect, finals, member, start_request
-from support.mcp_server import McpServerProcess
 from support.openai_server import Fail, OpenAITestServer, Reply
 from support.otlp import OtlpReceiver
 from support.stores import written_bytes
@@ -83,15 +82,14 @@ async def test_secret_never_leaves_the_runtime_context(start_server, store_url, 
 
 
 async def test_a_tool_servers_token_never_leaves_the_runtime_context(
-    start_server, store_url, caplog, tmp_path
+    start_server, store_url, caplog, start_mcp_server
 ) -> None:
     """The bearer token of a tool server (StartRunRequest.credentials, named by
     ToolServer.credential_ref) reaches the tool server and nothing else: not the store, the
     events, the logs (DEBUG included: the MCP SDK logs messages there) or the spans."""
     secret = f"tool-canary-{uuid.uuid4().hex}"
     caplog.set_level(logging.DEBUG)
-    mcp = await McpServerProcess(tmp_path / "mcp.log", token=secret).start()
-    try:
+    async with start_mcp_server(token=secret) as mcp:
         request = tool_request("use weather for Paris", mcp, "tool-canary")
         request.snapshot.session.tool_servers[0].credential_ref = "tools"
         request.credentials["tools"] = secret
@@ -104,8 +102,6 @@ async def test_a_tool_servers_token_never_leaves_the_runtime_context(
                     )
                 telemetry.force_flush()
         ran = mcp.counts("weather")
-    finally:
-        await mcp.stop()
     (final,) = finals(events)
     assert "Sunny, 21°C in Paris" in final.content, "the token was accepted by the server"
     assert ran == {"tool-canary#0/1": 1}
