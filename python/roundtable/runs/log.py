@@ -75,10 +75,6 @@ class EventLog:
         )
         return await self._append(record, last_seq + 1, failed, owner)
 
-    async def append(self, record: RunRecord, event: Event, *, owner: str | None = None) -> int:
-        """Appends one event after the log's last (outside any execution); its seq."""
-        return (await self._append(record, record.last_seq + 1, event, owner)).seq
-
     async def end(self, record: RunRecord, event: Event, status: RunStatus, owner: str) -> None:
         """Appends a terminal event after the log's last (outside any execution) with the
         run's final row in `status`, in one transaction (`RunStore.end_run`); `record`
