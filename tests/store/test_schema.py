@@ -11,10 +11,16 @@ from pathlib import Path
 import psycopg
 from roundtable.store.base import RunRecord, RunStatus
 from roundtable.store.postgres import POSTGRES, PostgresRunStore
-from roundtable.store.schema import RUNS
+from roundtable.store.schema import RETIRED_INDEXES, RUNS
 from roundtable.store.sqlite import SQLITE, SqliteRunStore
 from roundtable.store.statements import Statements
-from support.stores import OLD_RT_RUNS, drop_schema, new_schema, postgres_dsn
+from support.stores import (
+    OLD_PARKED_INDEX,
+    OLD_RT_RUNS,
+    drop_schema,
+    new_schema,
+    postgres_dsn,
+)
 
 
 def test_the_registry_columns_are_the_records_fields() -> None:
@@ -58,11 +64,20 @@ async def test_a_sqlite_file_with_the_dropped_plan_columns_still_works(tmp_path:
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as old:
         old.execute(OLD_RT_RUNS)  # plan_json and finished_reply_ids, with defaults
+        old.execute(OLD_PARKED_INDEX)
     store = await SqliteRunStore.open(path)
     try:
         await takes_a_run_to_its_end(store)
+        indexes = {
+            name: sql
+            for name, sql in store.conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            )
+        }
     finally:
         await store.close()
+    assert not set(RETIRED_INDEXES) & set(indexes)
+    assert "WHERE status = 'awaiting_approval'" in indexes["rt_runs_awaiting"]
 
 
 async def test_a_postgres_table_with_the_dropped_plan_columns_still_works() -> None:
@@ -71,11 +86,62 @@ async def test_a_postgres_table_with_the_dropped_plan_columns_still_works() -> N
     try:
         with psycopg.connect(url, autocommit=True) as old:
             old.execute(OLD_RT_RUNS)
+            old.execute(OLD_PARKED_INDEX)
         store = await PostgresRunStore.open(url)
         try:
             await takes_a_run_to_its_end(store)
         finally:
             await store.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            indexes = dict(
+                conn.execute(
+                    "SELECT indexname, indexdef FROM pg_indexes "
+                    "WHERE schemaname = current_schema() AND tablename = 'rt_runs'"
+                ).fetchall()
+            )
+    finally:
+        drop_schema(dsn, url)
+    assert not set(RETIRED_INDEXES) & set(indexes)
+    assert "WHERE (status = 'awaiting_approval'::text)" in indexes["rt_runs_awaiting"]
+
+
+PARKED_LOOKUPS = ("renew_parked", "decided_parked")
+"""The statements of the parked-run watch and lease renewal, run every 0.2 s while a run
+waits: each must find parked runs through the partial index, not by reading every run."""
+
+
+async def test_sqlite_finds_parked_runs_through_the_partial_index(tmp_path: Path) -> None:
+    store = await SqliteRunStore.open(tmp_path / "plans.db")
+    try:
+        sql = Statements.for_dialect(SQLITE)
+        for name in PARKED_LOOKUPS:
+            params = {"owner": "replica-x", "lease_until": 0.0}
+            plan = " ".join(
+                row[-1]
+                for row in store.conn.execute(f"EXPLAIN QUERY PLAN {getattr(sql, name)}", params)
+            )
+            assert "rt_runs_awaiting" in plan, (name, plan)
+    finally:
+        await store.close()
+
+
+async def test_postgres_finds_parked_runs_through_the_partial_index() -> None:
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    try:
+        store = await PostgresRunStore.open(url)
+        await store.close()
+        sql = Statements.for_dialect(POSTGRES)
+        with psycopg.connect(url, autocommit=True) as conn:
+            # An empty table is read whole whatever its indexes; this asks whether the
+            # index can serve the lookup at all.
+            conn.execute("SET enable_seqscan = off")
+            for name in PARKED_LOOKUPS:
+                params = {"owner": "replica-x", "lease_until": 0.0}
+                plan = " ".join(
+                    row[0] for row in conn.execute(f"EXPLAIN {getattr(sql, name)}", params)
+                )
+                assert "rt_runs_awaiting" in plan, (name, plan)
     finally:
         drop_schema(dsn, url)
 

@@ -29,6 +29,9 @@ OLD_RT_RUNS = (
 )
 """rt_runs as versions before `continued_by` made it (the same on SQLite and Postgres)."""
 
+OLD_PARKED_INDEX = "CREATE INDEX rt_runs_parked ON rt_runs (status, owner)"
+"""The parked runs' index as versions before `rt_runs_awaiting` made it: every run in it."""
+
 
 def postgres_dsn() -> str:
     """The test server's DSN; in CI its absence is a failure, elsewhere a skip."""

@@ -39,6 +39,7 @@ from roundtable.store.schema import (
     add_missing_columns,
     create_indexes,
     create_tables,
+    drop_retired_indexes,
 )
 from roundtable.store.statements import (
     EVENT_COLUMNS,
@@ -61,6 +62,10 @@ POSTGRES = Dialect(
     parameter="%({})s",
     # IF NOT EXISTS: two replicas starting at once may both find a column missing.
     add_column="ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}",
+    # CONCURRENTLY: replicas of the earlier version go on writing rt_runs meanwhile (a plain
+    # DROP INDEX would hold the table's ACCESS EXCLUSIVE lock). The pool is autocommit, as
+    # it must be: CONCURRENTLY cannot run inside a transaction.
+    drop_index="DROP INDEX CONCURRENTLY IF EXISTS {name}",
 )
 
 _APPEND_READ_CANCEL = POSTGRES.bind(
@@ -92,8 +97,8 @@ THREAD_LOCK_TIMEOUT_S = 5.0
 
 async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     """Creates the tables, adds the columns a table from an earlier version lacks, then the
-    indexes. Columns are looked up first, so a replica starting next to running ones takes
-    no ACCESS EXCLUSIVE lock."""
+    indexes, and drops the retired ones. Columns are looked up first, so a replica starting
+    next to running ones takes no ACCESS EXCLUSIVE lock."""
     for statement in create_tables(POSTGRES):
         await conn.execute(statement)
     for table in TABLES:
@@ -105,7 +110,7 @@ async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
         present = [row["column_name"] for row in await cursor.fetchall()]
         for statement in add_missing_columns(POSTGRES, table, present):
             await conn.execute(statement)
-    for statement in create_indexes():
+    for statement in [*create_indexes(), *drop_retired_indexes(POSTGRES)]:
         await conn.execute(statement)
 
 

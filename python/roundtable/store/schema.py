@@ -64,6 +64,8 @@ class Index:
     name: str
     table: str
     columns: tuple[str, ...]
+    where: str = ""
+    """A partial index's condition, a literal a query repeats to use it ("": every row)."""
 
 
 _PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -83,6 +85,8 @@ class Dialect:
     """Appended to a clustered table's CREATE TABLE ("" where rows have no other order)."""
     add_column: str = "ALTER TABLE {table} ADD COLUMN {column}"
     """How a missing column is added to a table an earlier version made."""
+    drop_index: str = "DROP INDEX IF EXISTS {name}"
+    """How an index an earlier version made, and this one no longer uses, is dropped."""
 
     def bind(self, template: str) -> str:
         """A statement written with `:name` parameters, in this dialect's parameter style."""
@@ -166,10 +170,17 @@ INDEXES = (
     Index("rt_runs_thread", RUNS.name, ("tenant", "thread_id", "created_at")),
     Index("rt_runs_continued", RUNS.name, ("tenant", "continued_by")),
     # The parked-run watch (every 0.2 s per replica while anything waits) and the lease
-    # renewal of parked runs look runs up by status and owner.
-    Index("rt_runs_parked", RUNS.name, ("status", "owner")),
+    # renewal of parked runs look parked runs up by owner. Partial: only parked runs are
+    # in it, so the status changes of every other run (queued, running, ended: three a
+    # turn) write nothing to it.
+    Index("rt_runs_awaiting", RUNS.name, ("owner",), where="status = 'awaiting_approval'"),
     Index("rt_tool_calls_expiry", TOOL_CALLS.name, ("verdict", "needs_approval", "expires_at")),
 )
+
+RETIRED_INDEXES = ("rt_runs_parked",)
+"""Indexes an earlier version made that nothing reads any more, dropped at start after the
+indexes above exist. rt_runs_parked held every run by (status, owner); rt_runs_awaiting
+holds the parked ones only."""
 
 
 def create_tables(dialect: Dialect) -> list[str]:
@@ -205,5 +216,11 @@ def create_indexes() -> list[str]:
     """CREATE INDEX IF NOT EXISTS for every index (after the columns they cover exist)."""
     return [
         f"CREATE INDEX IF NOT EXISTS {i.name} ON {i.table} ({', '.join(i.columns)})"
+        + (f" WHERE {i.where}" if i.where else "")
         for i in INDEXES
     ]
+
+
+def drop_retired_indexes(dialect: Dialect) -> list[str]:
+    """The statements that drop `RETIRED_INDEXES` (nothing where they are gone already)."""
+    return [dialect.drop_index.format(name=name) for name in RETIRED_INDEXES]

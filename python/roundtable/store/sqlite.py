@@ -49,6 +49,7 @@ from roundtable.store.schema import (
     add_missing_columns,
     create_indexes,
     create_tables,
+    drop_retired_indexes,
 )
 from roundtable.store.statements import Statements, end_params, event_params
 from roundtable.store.tool_calls import SqlToolCalls, ToolStatements
@@ -150,7 +151,7 @@ def connect_log(path: Path) -> sqlite3.Connection:
 
 def _create_schema(conn: sqlite3.Connection) -> None:
     """Creates the tables, adds the columns a file from an earlier version lacks (every
-    version's file opens), then the indexes."""
+    version's file opens), then the indexes, and drops the retired ones."""
     for statement in create_tables(SQLITE):
         conn.execute(statement)
     for table in TABLES:
@@ -159,7 +160,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         ]
         for statement in add_missing_columns(SQLITE, table, present):
             conn.execute(statement)
-    for statement in create_indexes():
+    for statement in [*create_indexes(), *drop_retired_indexes(SQLITE)]:
         conn.execute(statement)
 
 
