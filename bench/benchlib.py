@@ -469,8 +469,31 @@ def autogen_peer() -> BatchProcess | None:
     return BatchProcess("autogen peer", [str(python), str(BENCH / "peer_autogen.py"), "--serve"])
 
 
+def cpu_idle_info() -> str:
+    """How an idle CPU waits here: the cpuidle driver and, in a KVM guest, its halt polling.
+
+    A served turn waits for its client and for gRPC's poller dozens of times; where the
+    guest does not poll before it halts (`guest_halt_poll_ns` 0), every such wait halts the
+    vCPU and its wake-up goes through the host (bench/README.md, "Served and in process").
+    In-process figures never wait.
+    """
+
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return ""
+
+    driver = read("/sys/devices/system/cpu/cpuidle/current_driver") or "unknown"
+    out = f"cpuidle {driver}"
+    poll_ns = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    if poll_ns:
+        out += f", guest_halt_poll_ns {poll_ns}"
+    return out
+
+
 def machine_info() -> dict[str, Any]:
-    """Cores, memory, CPU model, versions, date."""
+    """Cores, memory, CPU model, how idle CPUs wait, versions, date."""
     from importlib import metadata
 
     def version(name: str) -> str:
@@ -495,6 +518,7 @@ def machine_info() -> dict[str, Any]:
         "nproc": os.cpu_count(),
         "memory_gib": round(mem_kb / 1024 / 1024, 1),
         "cpu_model": cpu,
+        "cpu_idle": cpu_idle_info(),
         "kernel": os.uname().release,
         "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
         "python": sys.version.split()[0],

@@ -618,7 +618,8 @@ def markdown(
         f"# Roundtable benchmark ({suite.get('mode', '?')} mode)",
         "",
         f"- date: {m.get('date_utc')}; HEAD {m.get('commit')} (the work tree may hold uncommitted changes)",
-        f"- machine: {m.get('nproc')} cores, {m.get('memory_gib')} GiB, {m.get('cpu_model')}, kernel {m.get('kernel')}",
+        f"- machine: {m.get('nproc')} cores, {m.get('memory_gib')} GiB, {m.get('cpu_model')}, kernel {m.get('kernel')}"
+        + (f" ({m['cpu_idle']})" if m.get("cpu_idle") else ""),
         f"- load average (1/5/15 min) at start {' / '.join(m.get('loadavg_start') or ['?'])}, "
         f"at end {' / '.join(m.get('loadavg_end') or ['?'])} (other work on the machine widens min-max)",
         f"- Python {m.get('python')}; "
