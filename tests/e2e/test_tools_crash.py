@@ -17,7 +17,7 @@ import pytest
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
-from support.approvals import APPROVE, Reader, resolve, tool_request, waiting_run
+from support.approvals import APPROVE, Reader, resolve, sent_key, tool_request, waiting_run
 from support.builders import collect, finals, kinds, of_kind
 from support.mcp_server import McpServerProcess
 from support.process import ServerProcess
@@ -76,7 +76,7 @@ async def test_killed_while_waiting_then_approved_on_another_server_runs_the_too
     assert len(of_kind(events, "permission_required")) == 1
     (final,) = finals(events)
     assert "noted 'buy milk' (1)" in final.content
-    assert ran == {asked.permission_request_id: 1}
+    assert ran == {sent_key("kill-wait", asked.permission_request_id): 1}
 
 
 async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_it_again(
@@ -111,7 +111,7 @@ async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_i
             async with asyncio.timeout(20):
                 while query(store_url, recorded) != [("finished",)]:  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
-            assert mcp.counts("note") == {asked.permission_request_id: 1}
+            assert mcp.counts("note") == {sent_key("kill-ran", asked.permission_request_id): 1}
             a.kill()
             call.cancel()
         b = await ServerProcess(store_url, tmp_path / "b.log", *LEASE).start()
@@ -126,7 +126,7 @@ async def test_killed_after_the_tool_ran_replays_its_result_instead_of_running_i
     assert kinds(events)[-1] == "run_completed"
     (final,) = finals(events)
     assert "noted 'buy milk' (1)" in final.content, "the model saw the recorded result"
-    assert ran == {asked.permission_request_id: 1}, "the write ran once"
+    assert ran == {sent_key("kill-ran", asked.permission_request_id): 1}, "the write ran once"
     assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_OK]
 
 
@@ -172,6 +172,6 @@ async def test_a_run_waiting_on_replica_a_is_approved_and_cancelled_through_repl
         assert kinds(events)[-1] == "run_completed"
         (final,) = finals(events)
         assert "noted 'buy milk' (1)" in final.content
-    assert ran == {asked.permission_request_id: 1}
+    assert ran == {sent_key("two-a", asked.permission_request_id): 1}
     assert kinds(cancelled)[-1] == "run_cancelled"
     assert ran_after == ran, "the cancelled run's call never ran"

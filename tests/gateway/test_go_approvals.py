@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from roundtable.v1 import orchestrator_service_pb2 as pb
+from support.approvals import sent_key
 from support.mcp_server import McpServerProcess
 from support.process import ServerProcess
 
@@ -63,7 +64,9 @@ async def test_approved_call_runs_once_and_the_reply_quotes_it(
     (reply,) = s["replies"]
     assert reply["member_id"] == "mei" and "noted 'buy milk' (1)" in reply["content"]
     assert reply["tool_calls"] == [{"call_id": "appr-1#0/1", "tool_name": "note", "outcome": "ok"}]
-    assert mcp.counts("note") == {"appr-1#0/1": 1}, "the approved call ran exactly once"
+    assert mcp.counts("note") == {sent_key("appr-1", "appr-1#0/1", tenant="demo"): 1}, (
+        "the approved call ran exactly once"
+    )
     lines = run.stdout.splitlines()
     assert (
         '── Mei wants to run note {"text": "buy milk"} (request appr-1#0/1, expires ' in run.stdout
@@ -87,7 +90,7 @@ async def test_approved_call_runs_once_and_the_reply_quotes_it(
     assert r["status"] == "completed" and r["retried_run"]
     assert [(p["decision"], p["result"]) for p in r["permissions"]] == [("", "already_decided")]
     assert r["replies"][0]["content"] == reply["content"] and not r["replies"][0]["persisted"]
-    assert mcp.counts("note") == {"appr-1#0/1": 1}
+    assert mcp.counts("note") == {sent_key("appr-1", "appr-1#0/1", tenant="demo"): 1}
     assert len(stored(db)["decisions"]) == 1
     # -approve=never would deny a pending request: nothing was pending, so nothing denied.
     assert "denied" not in replay.stdout, replay.stdout
@@ -108,7 +111,7 @@ async def test_a_read_only_tool_runs_without_asking(
     (reply,) = s["replies"]
     assert "Sunny, 21°C in Paris" in reply["content"]
     assert reply["tool_calls"] == [{"call_id": "wx-1#0/1", "tool_name": "weather", "outcome": "ok"}]
-    assert mcp.counts("weather") == {"wx-1#0/1": 1}
+    assert mcp.counts("weather") == {sent_key("wx-1", "wx-1#0/1", tenant="demo"): 1}
     assert "   Bo used weather: ok" in run.stdout.splitlines()
 
 
@@ -173,4 +176,4 @@ async def test_no_answer_leaves_the_run_waiting_and_a_retry_decides_it(
     assert r["status"] == "completed" and r["retried_run"], retry.stdout
     assert [(p["decision"], p["result"]) for p in r["permissions"]] == [("approve", "recorded")]
     assert "noted 'buy milk' (1)" in r["replies"][0]["content"]
-    assert mcp.counts("note") == {"wait-1#0/1": 1}
+    assert mcp.counts("note") == {sent_key("wait-1", "wait-1#0/1", tenant="demo"): 1}

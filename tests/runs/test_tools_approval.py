@@ -26,6 +26,7 @@ from support.approvals import (
     Reader,
     reason_of,
     resolve,
+    sent_key,
     tool_request,
     waiting_run,
 )
@@ -45,8 +46,34 @@ async def test_a_read_only_tool_runs_without_approval_and_the_reply_quotes_it(
     assert [(t.call_id, t.tool_name, t.outcome) for t in final.tool_calls] == [
         (f"{final.reply_id}/1", "weather", epb.TOOL_CALL_OUTCOME_OK)
     ]
-    assert mcp.counts("weather") == {f"{final.reply_id}/1": 1}
+    assert mcp.counts("weather") == {sent_key("w1", f"{final.reply_id}/1"): 1}
     assert not of_kind(events, "permission_required")
+
+
+async def test_the_same_run_id_in_two_tenants_sends_two_idempotency_keys(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    # Run ids are unique within a tenant only: a tool server that deduplicates on the key
+    # must never answer one tenant's call with another's result.
+    notes = {}
+    for tenant, text in (("tenant-1", "buy milk"), ("tenant-2", "sell the house")):
+        request = tool_request(f"use note for {text}", mcp, "same-run")
+        request.context.tenant = tenant
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await stub.ResolvePermission(
+            resolve("same-run", asked.permission_request_id, APPROVE, tenant=tenant)
+        )
+        (final,) = finals(await reader.end())
+        notes[tenant] = (asked.permission_request_id, final.content)
+    assert notes["tenant-1"][0] == notes["tenant-2"][0]  # the same call within its run
+    assert "noted 'buy milk' (1)" in notes["tenant-1"][1]
+    assert "noted 'sell the house' (1)" in notes["tenant-2"][1]
+    call = notes["tenant-1"][0]
+    assert mcp.counts("note") == {
+        sent_key("same-run", call, tenant="tenant-1"): 1,
+        sent_key("same-run", call, tenant="tenant-2"): 1,
+    }
 
 
 async def test_an_approved_call_waits_for_the_decision_then_runs_once(
@@ -78,7 +105,7 @@ async def test_an_approved_call_waits_for_the_decision_then_runs_once(
     assert [(t.tool_name, t.outcome) for t in final.tool_calls] == [
         ("note", epb.TOOL_CALL_OUTCOME_OK)
     ]
-    assert mcp.counts("note") == {asked.permission_request_id: 1}
+    assert mcp.counts("note") == {sent_key("a1", asked.permission_request_id): 1}
     run = (await stub.GetRun(pb.GetRunRequest(run_id="a1", tenant="tenant-1"))).run
     assert run.status == pb.RUN_STATUS_SUCCEEDED and not run.pending_permissions
 
@@ -283,7 +310,7 @@ async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_park
     # As another replica records it: only the watch can bring it to the run parked here.
     assert await server.store.request_cancel("tenant-1", "p2", "graceful", "stop_turn")
     assert kinds(await second.end())[-1] == "run_cancelled"
-    assert mcp.counts("note") == {asked.permission_request_id: 1}
+    assert mcp.counts("note") == {sent_key("p1", asked.permission_request_id): 1}
 
     async with asyncio.timeout(5):
         while watches():  # noqa: ASYNC110 (nothing parked: it ends within a poll)

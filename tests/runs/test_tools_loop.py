@@ -15,7 +15,7 @@ from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
-from support.approvals import APPROVE, DENY, Reader, resolve, tool_request, waiting_run
+from support.approvals import APPROVE, DENY, Reader, resolve, sent_key, tool_request, waiting_run
 from support.builders import collect, finals, kinds, member, model_ref, of_kind
 from support.mcp_server import McpServerProcess
 
@@ -60,7 +60,7 @@ async def test_a_speaker_makes_at_most_its_budget_of_tool_calls_then_answers(
     (final,) = finals(events)
     assert [t.call_id for t in final.tool_calls] == ["budget#0/1", "budget#0/2"]
     assert "City1" in final.content and "City2" in final.content
-    assert mcp.counts("weather") == {"budget#0/1": 1, "budget#0/2": 1}
+    assert mcp.counts("weather") == {sent_key("budget", f"budget#0/{n}"): 1 for n in (1, 2)}
     last = provider.calls[-1]
     assert not last.tools, "past the budget the model is asked without tools"
     assert "used all the tool calls" in last.messages[-1].content
@@ -106,7 +106,7 @@ async def test_in_a_parallel_group_the_others_finish_while_one_speaker_waits(
     assert kinds(events)[-1] == "run_completed"
     assert sorted(f.member_id for f in finals(events)) == ["kai", "lin", "mei"]
     assert [r.member_id for r in events[-1].run_completed.replies] == ["mei", "kai", "lin"]
-    assert mcp.counts("note") == {asked.permission_request_id: 1}
+    assert mcp.counts("note") == {sent_key("par-wait", asked.permission_request_id): 1}
 
 
 @pytest.mark.parametrize("text", ["use weather for Paris", "用 weather 查 巴黎"])

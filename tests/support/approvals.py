@@ -121,6 +121,12 @@ def reason_of(error: grpc.aio.AioRpcError) -> str:
     return ""
 
 
+def sent_key(run_id: str, call_key: str, *, tenant: str = "tenant-1") -> str:
+    """The idempotency key the tool server gets for the run's call `call_key` (its
+    permission_request_id, `<reply_id>/<n>`): the test MCP server counts by it."""
+    return f"{tenant}/{run_id}/{call_key}"
+
+
 def resolve(
     run_id: str, request_id: str, decision: int, *, tenant: str = "tenant-1", **kwargs: str
 ) -> pb.ResolvePermissionRequest:

@@ -10,7 +10,7 @@ import grpc
 from roundtable.telemetry.setup import telemetry_from_env
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
-from support.approvals import tool_request
+from support.approvals import sent_key, tool_request
 from support.builders import collect, finals, member, start_request
 from support.openai_server import Fail, OpenAITestServer, Reply
 from support.otlp import OtlpReceiver
@@ -104,7 +104,7 @@ async def test_a_tool_servers_token_never_leaves_the_runtime_context(
         ran = mcp.counts("weather")
     (final,) = finals(events)
     assert "Sunny, 21°C in Paris" in final.content, "the token was accepted by the server"
-    assert ran == {"tool-canary#0/1": 1}
+    assert ran == {sent_key("tool-canary", "tool-canary#0/1"): 1}
     assert any(s.name == "execute_tool weather" for s in receiver.spans)
     places = leak_places(store_url, events, caplog, receiver)
     for where, text in places.items():

@@ -14,7 +14,17 @@ from typing import Protocol
 
 IDEMPOTENCY_META_KEY = "dev.roundtable/idempotency-key"
 """The key of the MCP request `_meta` entry that carries a call's idempotency key
-(`<reply_id>/<n>`): a tool server that deduplicates on it runs a write once."""
+(`idempotency_key`): a tool server that deduplicates on it runs a write once."""
+
+
+def idempotency_key(tenant: str, run_id: str, call_key: str) -> str:
+    """What a tool server sees of a call: `<tenant>/<run_id>/<reply_id>/<n>`.
+
+    The same for every attempt of the call in its run, whichever replica sends it and
+    however often the run resumes; unique among all calls, since run ids are unique
+    within a tenant only, and a continue turn speaks an earlier run's step (its reply id)
+    anew, with calls of its own. ("/" is in no id: validation.)"""
+    return f"{tenant}/{run_id}/{call_key}"
 
 
 class ApprovalPolicy(StrEnum):
@@ -80,7 +90,7 @@ class ToolCallRef:
     arguments: dict[str, object] = field(hash=False, repr=False)
     """Gateway content (the model wrote them from the conversation): never in a repr."""
     key: str
-    """The idempotency key, `<reply_id>/<n>`."""
+    """The idempotency key (`idempotency_key`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +129,8 @@ class ToolCallRecord:
     tenant: str
     run_id: str
     call_key: str
-    """`<reply_id>/<n>`: the idempotency key and the permission request id."""
+    """`<reply_id>/<n>`: the call within its run (the permission request id); its
+    idempotency key adds the tenant and the run (`idempotency_key`)."""
     reply_id: str
     n: int
     """The call's number in its reply, from 1."""

@@ -34,6 +34,7 @@ from roundtable.domain.tools import (
     ToolCallSummary,
     ToolOutcome,
     Verdict,
+    idempotency_key,
 )
 from roundtable.graph.context import GraphContext, Parked, ToolRuntime
 from roundtable.harness.request import CallMeta, ToolRequest
@@ -214,7 +215,8 @@ class ToolLoop:
             # (the server deduplicates on it); a read-only call is simply run again.
             await self.runtime.store.start_tool_call(run.tenant, run.run_id, record.call_key)
         token = self.ctx.credentials.get(server.credential_ref) if server.credential_ref else None
-        ref = ToolCallRef(tool=tool, server=server, arguments=arguments, key=record.call_key)
+        key = idempotency_key(run.tenant, run.run_id, record.call_key)
+        ref = ToolCallRef(tool=tool, server=server, arguments=arguments, key=key)
         try:
             result = await self.runtime.caller.call(
                 ToolRequest(ref=ref, meta=self.meta, token=token)

@@ -1324,7 +1324,7 @@ func (x *AssistantFinal) GetToolCalls() []*ToolCallSummary {
 // ToolCallSummary is one tool call of a reply.
 type ToolCallSummary struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The call's idempotency key "<reply_id>/<n>" (for a call that waited for
+	// The call within its run, "<reply_id>/<n>" (for a call that waited for
 	// approval, its permission_request_id).
 	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	// The tool called.
@@ -1644,7 +1644,7 @@ func (x *MemoryProposed) GetProposals() []*MemoryProposal {
 // (or the denial and its reason) and finishes its reply.
 type PermissionRequired struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Id of the request, the call's idempotency key "<reply_id>/<n>".
+	// Id of the request within its run, the call's "<reply_id>/<n>".
 	// ResolvePermission names it.
 	PermissionRequestId string `protobuf:"bytes,1,opt,name=permission_request_id,json=permissionRequestId,proto3" json:"permission_request_id,omitempty"`
 	// The member asking.

@@ -570,7 +570,7 @@ export const AssistantFinalSchema: GenMessage<AssistantFinal> = /*@__PURE__*/
  */
 export type ToolCallSummary = Message<"roundtable.v1.ToolCallSummary"> & {
   /**
-   * The call's idempotency key "<reply_id>/<n>" (for a call that waited for
+   * The call within its run, "<reply_id>/<n>" (for a call that waited for
    * approval, its permission_request_id).
    *
    * @generated from field: string call_id = 1;
@@ -764,7 +764,7 @@ export const MemoryProposedSchema: GenMessage<MemoryProposed> = /*@__PURE__*/
  */
 export type PermissionRequired = Message<"roundtable.v1.PermissionRequired"> & {
   /**
-   * Id of the request, the call's idempotency key "<reply_id>/<n>".
+   * Id of the request within its run, the call's "<reply_id>/<n>".
    * ResolvePermission names it.
    *
    * @generated from field: string permission_request_id = 1;

@@ -246,9 +246,11 @@ export const ToolServerSchema: GenMessage<ToolServer> = /*@__PURE__*/
 /**
  * Tool is one tool a member may call, as the gateway declares it.
  *
- * Every call is a durable step of its reply: its idempotency key
- * "<reply_id>/<n>" (n from 1 within the reply) is recorded before the call
- * and sent to the tool server in the MCP request's `_meta` as
+ * Every call is a durable step of its reply: it is recorded as
+ * "<reply_id>/<n>" (n from 1 within the reply) before it is sent, its
+ * idempotency key "<tenant>/<run_id>/<reply_id>/<n>" (unique among all
+ * calls: a continue turn that speaks an earlier run's step calls anew) goes
+ * to the tool server in the MCP request's `_meta` as
  * "dev.roundtable/idempotency-key", and its result is recorded before the
  * model sees it. A run that resumes (after a crash, a cancel, a move to
  * another replica) replays recorded calls instead of calling again; a call
