@@ -30,23 +30,28 @@ def record(run_id: str, status: RunStatus, *, lease_until: float = 0.0, age: flo
     )
 
 
-async def test_live_thread_runs_are_running_or_queued_runs_under_a_live_lease(server) -> None:
+async def test_live_thread_runs_are_running_queued_or_parked_runs_under_a_live_lease(
+    server,
+) -> None:
     store = server.store
     now = time.time()
     assert await store.create_run(record("dead", RunStatus.RUNNING, lease_until=now - 1, age=3))
     assert await store.create_run(record("stopped", RunStatus.CANCELLED, age=2))
     assert await store.create_run(record("live", RunStatus.RUNNING, lease_until=now + 30, age=1))
     assert await store.create_run(record("waiting", RunStatus.QUEUED, lease_until=now + 30))
+    parked = record("parked", RunStatus.AWAITING_APPROVAL, lease_until=now + 30)
+    parked.created_at += 1
+    assert await store.create_run(parked)
 
     def ids(runs: list[RunRecord]) -> list[str]:
         return [r.run_id for r in runs]
 
     found = await store.live_thread_runs("acme", "t-1", exclude_run_id="", owner="me", now=now)
-    assert ids(found) == ["live", "waiting"], "oldest first"
+    assert ids(found) == ["live", "waiting", "parked"], "oldest first"
     found = await store.live_thread_runs(
         "acme", "t-1", exclude_run_id="waiting", owner="me", now=now
     )
-    assert ids(found) == ["live"]
+    assert ids(found) == ["live", "parked"]
     assert not await store.live_thread_runs("acme", "t-2", exclude_run_id="", owner="me", now=now)
     assert not await store.live_thread_runs("other", "t-1", exclude_run_id="", owner="me", now=now)
     # A replica's own runs are left out: it knows them in memory.

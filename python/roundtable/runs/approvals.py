@@ -3,7 +3,8 @@
 A decision is a compare-and-set on the call's row (`ToolCallStore.decide_tool_call`): the
 first one recorded wins, on any replica, and the same decision again answers the same. It
 is durable before ResolvePermission answers. Then, where this process holds the run
-parked (with its snapshot and credentials in memory), the run goes on here at once; where
+parked (with its snapshot and credentials in memory), the run goes on here at once (or as
+soon as this process has room for another executing run); where
 another replica keeps it parked, that replica's watch finds the decision and it goes on
 there; a run no process holds goes on at its next StartRun, which finds the decision in
 the store.
@@ -24,8 +25,8 @@ from roundtable.runs.progress import Progress
 from roundtable.runs.registry import LiveRegistry
 from roundtable.store.base import ACTIVE, RunRecord, RunStatus, RunStore
 
-Unpark = Callable[[LiveRun], Awaitable[bool]]
-"""Resumes a run this process holds parked; False when it cannot now (no room)."""
+Unpark = Callable[[LiveRun], Awaitable[None]]
+"""Resumes a run this process holds parked (now, or once it has room for it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +37,9 @@ class Resolution:
     record: RunRecord
     progress: Progress
     resumed: bool
-    """Whether the run goes on without another StartRun: here, or on the replica that
-    keeps it parked (else: at its next StartRun, where no replica holds it or this one
-    has no room now)."""
+    """Whether the run goes on without another StartRun: here (at once, or as soon as this
+    process has room for it), or on the replica that keeps it parked (else: at its next
+    StartRun, where no replica holds it)."""
 
 
 class Approvals:
@@ -63,8 +64,8 @@ class Approvals:
         reason: str = "",
         edited_arguments_json: str = "",
     ) -> Resolution:
-        """Records a person's decision (or finds the same one recorded) and resumes the run
-        when this process holds it parked.
+        """Records a person's decision (or finds the same one recorded: the same verdict,
+        edited arguments and reason) and resumes the run when this process holds it parked.
 
         Raises:
             RunNotFound: no such run for this tenant.
@@ -90,10 +91,18 @@ class Approvals:
                 edited_arguments_json="" if late else edited_arguments_json,
             )
             call = await store.tool_call(tenant, run_id, call_key) or call
-        if call.verdict is not verdict:
-            # Expired or cancelled meanwhile, or another person decided first.
+        if (call.verdict, call.edited_arguments_json, call.reason) != (
+            verdict,
+            edited_arguments_json,
+            reason,
+        ):
+            # Expired or cancelled meanwhile, or another person decided first (perhaps the
+            # same way with other arguments or another reason: the recorded one stands).
             await self._go_on(live, record)
-            raise PermissionDecided(f"{call_key[:256]} is recorded as {call.verdict.value}")
+            other = "" if call.verdict is not verdict else " with other arguments or reason"
+            raise PermissionDecided(
+                f"{call_key[:256]} is recorded as {call.verdict.value}{other}"
+            )
         resumed = await self._go_on(live, record)
         if live is not None:
             record, progress = live.record, live.progress
@@ -106,9 +115,10 @@ class Approvals:
         """Resumes the run when this process holds it parked; True too when another replica
         keeps it (its watch of parked runs finds the decision) or it runs already."""
         if live is not None:
-            if self.registry.parked(*live.key) is None:
-                return True  # executing here: it parks, finds the decision, goes on
-            return await self.unpark(live)
+            if self.registry.parked(*live.key) is not None:
+                await self.unpark(live)
+            # else executing here: it parks, finds the decision and goes on
+            return True
         if record.status is RunStatus.AWAITING_APPROVAL:
             return record.leased_by_other(self.owner, time.time())
         return record.status in ACTIVE
@@ -116,10 +126,14 @@ class Approvals:
     async def pending(
         self, tenant: str, run_id: str, progress: Progress
     ) -> list[PermissionRequired]:
-        """The run's permission requests still waiting for a decision, as announced."""
+        """The run's permission requests still waiting for a decision, as announced: not
+        one whose time ran out (a decision on it now records it expired), though the run
+        may not have gone on yet."""
         if not progress.permissions:
             return []
-        waiting = {c.call_key for c in await self.log.store.tool_calls(tenant, run_id) if c.waiting}
+        now = time.time()
+        calls = await self.log.store.tool_calls(tenant, run_id)
+        waiting = {c.call_key for c in calls if c.waiting and now < c.expires_at}
         return [p for key, p in progress.permissions.items() if key in waiting]
 
 
@@ -135,6 +149,12 @@ async def decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[str
         if call is not None and call.verdict is not Verdict.PENDING:
             return True
     return False
+
+
+async def cancel_waiting(store: RunStore, tenant: str, run_id: str) -> None:
+    """Records every waiting call of a run being stopped as denied (`cancelled`)."""
+    calls = await store.tool_calls(tenant, run_id)
+    await cancel_calls(store, tenant, run_id, (c.call_key for c in calls if c.waiting))
 
 
 async def cancel_calls(store: RunStore, tenant: str, run_id: str, call_keys: Iterable[str]) -> None:

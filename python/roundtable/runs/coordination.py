@@ -23,10 +23,12 @@ from typing import Protocol
 
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
+from roundtable.runs.approvals import cancel_waiting
+from roundtable.runs.follow import PARKED_POLL_MAX_S
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.runs.threads import BusyRun
-from roundtable.store.base import ACTIVE, CancelMark, RunRecord, RunStore
+from roundtable.store.base import LEASED, CancelMark, RunRecord, RunStatus, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +163,8 @@ class SharedCoordination:
         await guard.enter_async_context(self.store.thread_lock(tenant, thread_id))
 
     async def busy_elsewhere(self, request: RunRequest) -> list[BusyRun]:
-        """The thread's runs (running or queued) under another replica's live lease."""
+        """The thread's runs (running, queued, or parked for approval) under another
+        replica's live lease."""
         ctx = request.context
         busy = await self.store.live_thread_runs(
             ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=time.time()
@@ -278,16 +281,20 @@ class SharedCoordination:
         return mark.reason or "cancel_requested"
 
     async def wait_ended(self, record: RunRecord) -> None:
-        """Returns once another replica's run has ended, or its lease ran out (it died)."""
+        """Returns once another replica's run has ended, or its lease ran out (it died).
+        While the run waits for a person, it asks less often (`PARKED_POLL_MAX_S`)."""
+        pause = self.poll_s
         while True:
             current = await self.store.get_run(record.tenant, record.run_id)
             if (
                 current is None
-                or current.status not in ACTIVE
+                or current.status not in LEASED
                 or not current.leased_by_other(self.owner, time.time())
             ):
                 return
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(pause)
+            parked = current.status is RunStatus.AWAITING_APPROVAL
+            pause = min(pause * 2, PARKED_POLL_MAX_S) if parked else self.poll_s
 
 
 class RemoteRun:
@@ -299,8 +306,12 @@ class RemoteRun:
         self.run_id = record.run_id
 
     async def stop(self, reason: str) -> None:
-        """Records a graceful cancel, honoured by its replica at its next speaker boundary."""
+        """Records a graceful cancel, honoured by its replica at its next speaker boundary;
+        a run parked for approval there has its waiting calls denied first (`cancelled`),
+        and that replica's watch of its parked runs wakes it to end."""
         record = self.record
+        if record.status is RunStatus.AWAITING_APPROVAL:
+            await cancel_waiting(self._coordination.store, record.tenant, record.run_id)
         await self._coordination.store.request_cancel(
             record.tenant, record.run_id, "graceful", reason
         )

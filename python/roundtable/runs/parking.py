@@ -5,7 +5,8 @@ execution ends, its `LiveRun` stays in the registry with its streams (and its sn
 credentials, in memory only), and it gives up its place among the runs executing. It goes
 on when a decision is recorded here (ResolvePermission), when its first request expires
 (one timer), when another replica records a decision or a cancel (the coordination's
-watch, on a shared store), or when it is cancelled.
+watch, on a shared store), or when it is cancelled. A run that is to go on while the
+process runs as many runs as it may goes on as soon as one of them ends or parks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from typing import Any
 
 from roundtable.domain.errors import TooManyRuns
-from roundtable.runs.approvals import cancel_calls
+from roundtable.runs.approvals import cancel_waiting
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.execution import Executor
 from roundtable.runs.live import LiveRun
@@ -50,9 +51,16 @@ class Parking:
         self._watch: asyncio.Task[None] | None = None
         self._closed = False
         """The process is stopping: no watch starts again (`close`)."""
+        self._no_room: dict[tuple[str, str], LiveRun] = {}
+        """Parked runs that were to go on (a decision, an expiry or a cancel came) while
+        this process had no room for another executing run, in that order."""
+        self._retry: asyncio.Task[None] | None = None
+        self._room_freed = False
+        """A run stopped executing since the retry's pass began (`_room`)."""
         registry.on_wake = self.wake
         registry.on_park = self._watching
         registry.on_stop = self._stop_soon
+        registry.on_room = self._room
 
     def _watching(self) -> None:
         """Starts the coordination's watch of parked runs at a park, unless it is on: it
@@ -79,37 +87,57 @@ class Parking:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def unpark(self, live: LiveRun) -> bool:
-        """Resumes a run parked here (a decision came, or a cancel); False when it cannot
-        start now (no room: it stays parked, its decision recorded)."""
+    async def unpark(self, live: LiveRun) -> None:
+        """Resumes a run parked here (a decision came, its expiry, or a cancel). Without room
+        for it now, it goes on as soon as a run here ends or parks (`_room`). Either way it
+        goes on without another StartRun; so too where another replica took it over while
+        this one could not renew its lease (its streams here end with RunOrphaned, and the
+        same StartRun follows it there)."""
         async with self.lock:
             if self.registry.parked(*live.key) is None:
-                return True  # resumed already (two decisions at once)
+                self._no_room.pop(live.key, None)
+                return  # resumed already (two decisions at once), or ended
             try:
                 launch = self.registry.unpark(live)
             except TooManyRuns:
-                return False
+                self._no_room[live.key] = live
+                return
+            self._no_room.pop(live.key, None)
             record, store = live.record, self.log.store
-            await store.acquire_lease(
+            if not await store.acquire_lease(
                 record.tenant, record.run_id, self.coordination.owner, self.lease_s
-            )
+            ):
+                # Another replica holds it now: this one's lease ran out while it kept the
+                # run parked (its renewals failed), and a StartRun there took it over. Its
+                # row is that replica's to write; the run goes on there.
+                live.lease_lost = True
+                self.registry.forget(live)
+                return
             record.status = RunStatus.RUNNING
             await store.update_run(record)
             self.executor.launch(
                 live, dataclasses.replace(launch, resumed=True, unparks=True, wait_for=None)
             )
-            return True
 
-    async def cancel_waiting(self, tenant: str, run_id: str) -> None:
-        """Records every waiting call of a run being cancelled as denied (`cancelled`)."""
-        calls = await self.log.store.tool_calls(tenant, run_id)
-        waiting = (c.call_key for c in calls if c.waiting)
-        await cancel_calls(self.log.store, tenant, run_id, waiting)
+    def _room(self) -> None:
+        """A run here stopped executing: the runs that were to go on meanwhile try again,
+        oldest first, in one task (those that still find no room keep their place)."""
+        self._room_freed = True
+        if self._no_room and not self._closed and (self._retry is None or self._retry.done()):
+            self._retry = asyncio.create_task(self._resume_waiting_for_room())
+
+    async def _resume_waiting_for_room(self) -> None:
+        # Another pass when a run stopped executing during this one: the place it freed
+        # may have come after the waiting run that tried it.
+        while self._no_room and self._room_freed:
+            self._room_freed = False
+            for live in list(self._no_room.values()):
+                await self.unpark(live)
 
     async def cancel(self, live: LiveRun) -> None:
         """Cancels a run parked here: its waiting calls count as denied, and it goes on to
         run_cancelled at the speaker boundary where it waits."""
-        await self.cancel_waiting(*live.key)
+        await cancel_waiting(self.log.store, *live.key)
         await self.unpark(live)
 
     async def cancel_elsewhere(self, record: RunRecord, progress: Progress, reason: str) -> bool:
@@ -119,7 +147,7 @@ class Parking:
         (`progress`, read from its log, does not change with a run_cancelled). False when
         it moved on."""
         store, owner = self.log.store, self.coordination.owner
-        await self.cancel_waiting(record.tenant, record.run_id)
+        await cancel_waiting(store, record.tenant, record.run_id)
         if record.leased_by_other(owner, time.time()):
             return await store.request_cancel(record.tenant, record.run_id, "graceful", reason)
         if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
@@ -136,5 +164,6 @@ class Parking:
         """Stops watching parked runs for good (the process is stopping: a run that parks
         while it drains stays parked, for the next replica or restart)."""
         self._closed = True
-        if self._watch is not None:
-            self._watch.cancel()
+        for task in (self._watch, self._retry):
+            if task is not None:
+                task.cancel()

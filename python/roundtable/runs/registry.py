@@ -42,6 +42,9 @@ class LiveRegistry:
         self.on_park: Callable[[], object] | None = None
         """Called when a run parks (`Parking` starts its watch of parked runs unless it is
         on)."""
+        self.on_room: Callable[[], object] | None = None
+        """Called when a run here stops executing (it ended or parked): `Parking` resumes
+        the parked runs that were to go on while there was no room for them."""
         self.draining = False
         """Set once the server shuts down: no run starts any more."""
 
@@ -79,6 +82,7 @@ class LiveRegistry:
         if self._live.get(live.key) is live and live.key not in self._parked:
             self._per_tenant[live.record.tenant] -= 1
             self._parked[live.key] = launch
+            self._made_room()
         live.task = None
         # Its events are in the log: a stream attached later reads them from there, and a
         # run may wait for days.
@@ -89,6 +93,10 @@ class LiveRegistry:
             loop = asyncio.get_running_loop()
             delay = max(0.0, wake_at - time.time())
             self._timers[live.key] = loop.call_later(delay, self.on_wake, live)
+
+    def _made_room(self) -> None:
+        if self.on_room is not None and not self.draining:
+            self.on_room()
 
     def wake(self, live: LiveRun) -> None:
         """Resumes a parked run now (through `on_wake`), as its expiry would."""
@@ -124,6 +132,7 @@ class LiveRegistry:
         """Unregisters a run whose execution ended, and ends its streams."""
         if self._live.pop(live.key, None) is live and self._parked.pop(live.key, None) is None:
             self._per_tenant[live.record.tenant] -= 1
+            self._made_room()
         timer = self._timers.pop(live.key, None)
         if timer is not None:
             timer.cancel()

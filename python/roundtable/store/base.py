@@ -182,8 +182,9 @@ class RunStore(ToolCallStore, Protocol):
         self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
     ) -> list[RunRecord]:
         """The runs of the thread, other than `exclude_run_id`, that replicas other than
-        `owner` hold a live lease on (running or queued), oldest first: what the busy-thread
-        policy looks at across replicas (a replica knows its own runs in memory)."""
+        `owner` hold a live lease on (running, queued, or parked for approval), oldest
+        first: what the busy-thread policy looks at across replicas (a replica knows its
+        own runs in memory)."""
         ...
 
     async def mark_interrupted(self) -> list[tuple[str, str]]:

@@ -82,7 +82,8 @@ _TEMPLATES = Statements(
     ),
     live_thread_runs=(
         f"SELECT {_RUNS} FROM rt_runs WHERE tenant=:tenant AND thread_id=:thread_id "
-        "AND run_id<>:exclude_run_id AND owner<>:owner AND status IN ('running','queued') "
+        "AND run_id<>:exclude_run_id AND owner<>:owner "
+        "AND status IN ('running','queued','awaiting_approval') "
         "AND lease_until>:now ORDER BY created_at"
     ),
     claim_continuation=(

@@ -994,10 +994,11 @@ type ResolvePermissionResponse struct {
 	// The run as it is now (RUN_STATUS_AWAITING_APPROVAL while other requests
 	// of it still wait).
 	Run *Run `protobuf:"bytes,3,opt,name=run,proto3" json:"run,omitempty"`
-	// True when the run goes on without another StartRun: here, or on the
+	// True when the run goes on without another StartRun: here (at once, or as
+	// soon as this replica has room for another executing run), or on the
 	// replica that keeps it waiting. False when no replica holds the run (its
-	// server stopped) or this one has no room for it now: the decision is kept,
-	// and the run goes on when the gateway sends the same StartRun again.
+	// server stopped): the decision is kept, and the run goes on when the
+	// gateway sends the same StartRun again.
 	Resumed       bool `protobuf:"varint,4,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1132,7 +1133,8 @@ type Run struct {
 	// remaining steps. Empty otherwise.
 	ContinuedByRunId string `protobuf:"bytes,10,opt,name=continued_by_run_id,json=continuedByRunId,proto3" json:"continued_by_run_id,omitempty"`
 	// The permission requests waiting for a decision. Listed from the moment
-	// their permission_required is sent; the run is RUN_STATUS_RUNNING until
+	// their permission_required is sent until they are decided or their time
+	// runs out (expires_at); the run is RUN_STATUS_RUNNING until
 	// nothing else of it runs (the other speakers of a parallel group finish
 	// first), then RUN_STATUS_AWAITING_APPROVAL.
 	PendingPermissions []*PermissionRequired `protobuf:"bytes,11,rep,name=pending_permissions,json=pendingPermissions,proto3" json:"pending_permissions,omitempty"`

@@ -388,10 +388,11 @@ export type ResolvePermissionResponse = Message<"roundtable.v1.ResolvePermission
   run?: Run | undefined;
 
   /**
-   * True when the run goes on without another StartRun: here, or on the
+   * True when the run goes on without another StartRun: here (at once, or as
+   * soon as this replica has room for another executing run), or on the
    * replica that keeps it waiting. False when no replica holds the run (its
-   * server stopped) or this one has no room for it now: the decision is kept,
-   * and the run goes on when the gateway sends the same StartRun again.
+   * server stopped): the decision is kept, and the run goes on when the
+   * gateway sends the same StartRun again.
    *
    * @generated from field: bool resumed = 4;
    */
@@ -505,7 +506,8 @@ export type Run = Message<"roundtable.v1.Run"> & {
 
   /**
    * The permission requests waiting for a decision. Listed from the moment
-   * their permission_required is sent; the run is RUN_STATUS_RUNNING until
+   * their permission_required is sent until they are decided or their time
+   * runs out (expires_at); the run is RUN_STATUS_RUNNING until
    * nothing else of it runs (the other speakers of a parallel group finish
    * first), then RUN_STATUS_AWAITING_APPROVAL.
    *

@@ -1,0 +1,228 @@
+"""Runs parked for approval when the process is full, when their replica lost them, and
+when a new turn of their thread arrives on another replica; decisions asked twice.
+
+Over a real server (both stores, replicas on Postgres) and the test MCP server, whose
+`note` counts its executions per idempotency key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import grpc
+import pytest
+from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.approvals import (
+    APPROVE,
+    Reader,
+    reason_of,
+    resolve,
+    sent_key,
+    tool_request,
+    waiting_run,
+)
+from support.builders import collect, finals, kinds, start_request
+from support.mcp_server import McpServerProcess
+from support.stores import query
+
+SLOW_MS = 1500
+"""How long the run that takes the process's only place keeps it."""
+
+
+def slow_request(run_id: str) -> pb.StartRunRequest:
+    """A single chat whose model answers after SLOW_MS: it holds a place that long."""
+    slow = spb.ModelTarget(provider="offline", model="m", base_url=f"offline:?latency_ms={SLOW_MS}")
+    return start_request(
+        "hello",
+        run_id=run_id,
+        thread_id=f"t-{run_id}",
+        default_model=spb.ModelRef(target=slow),
+        kind=spb.SESSION_KIND_SINGLE,
+    )
+
+
+async def status_of(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> pb.Run:
+    return (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
+
+
+async def until_running(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> None:
+    """Returns once the run executes (a moment after its StartRun was sent)."""
+    async with asyncio.timeout(10):
+        while True:
+            with contextlib.suppress(grpc.aio.AioRpcError):  # NOT_FOUND: not started yet
+                if (await status_of(stub, run_id)).status == pb.RUN_STATUS_RUNNING:
+                    return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_decision_that_finds_the_process_full_goes_on_once_a_place_frees(
+    start_server, mcp: McpServerProcess
+) -> None:
+    async with (
+        start_server(max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "full-1")))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, "full-1")
+        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-1"))))
+        await until_running(stub, "busy-1")
+
+        answer = await stub.ResolvePermission(
+            resolve("full-1", asked.permission_request_id, APPROVE)
+        )
+        # It goes on by itself, without another StartRun: once there is room.
+        assert answer.resumed
+        assert (await status_of(stub, "full-1")).status == pb.RUN_STATUS_AWAITING_APPROVAL
+        assert mcp.counts("note") == {}
+        assert kinds(await busy)[-1] == "run_completed"
+        events = await reader.end()
+    assert kinds(events)[-1] == "run_completed"
+    (final,) = finals(events)
+    assert "noted 'buy milk' (1)" in final.content
+    assert mcp.counts("note") == {sent_key("full-1", asked.permission_request_id): 1}
+
+
+async def test_an_expiry_that_finds_the_process_full_ends_the_run_once_a_place_frees(
+    start_server, mcp: McpServerProcess
+) -> None:
+    async with (
+        start_server(max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        request = tool_request("use note for buy milk", mcp, "full-2", approval_timeout_s=1)
+        reader = Reader(stub.StartRun(request))
+        await reader.until("permission_required")
+        await waiting_run(stub, "full-2")
+        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-2"))))
+        await until_running(stub, "busy-2")
+        await asyncio.sleep(1.1)  # the request's time runs out while busy-2 runs
+        run = await status_of(stub, "full-2")
+        # It still waits for room, but nobody can decide the expired request any more.
+        assert run.status == pb.RUN_STATUS_AWAITING_APPROVAL
+        assert not run.pending_permissions
+        assert kinds(await busy)[-1] == "run_completed"
+        events = await reader.end()
+    assert kinds(events)[-1] == "run_completed"
+    (final,) = finals(events)
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_EXPIRED]
+    assert mcp.counts("note") == {}
+
+
+async def test_a_second_approval_with_other_arguments_is_refused_not_answered_ok(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "edit-2")))
+    asked = (await reader.until("permission_required")).permission_required
+    await waiting_run(stub, "edit-2")
+    first = json.dumps({"text": "buy oat milk"})
+    decide = resolve("edit-2", asked.permission_request_id, APPROVE, edited_arguments_json=first)
+    await stub.ResolvePermission(decide)
+    again = await stub.ResolvePermission(decide)  # the same decision: answered the same
+    assert again.decision == APPROVE
+    other = resolve(
+        "edit-2",
+        asked.permission_request_id,
+        APPROVE,
+        edited_arguments_json=json.dumps({"text": "sell the car"}),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.ResolvePermission(other)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(refused.value) == "PERMISSION_DECIDED"
+    assert "other arguments" in (refused.value.details() or "")
+    (final,) = finals(await reader.end())
+    assert "noted 'buy oat milk' (1)" in final.content
+
+
+def replicas_only(store_url: str) -> None:
+    if not store_url.startswith("postgres"):
+        pytest.skip("replicas share a Postgres store (one process owns a SQLite file)")
+
+
+async def test_a_replica_that_lost_a_parked_run_leaves_it_to_the_one_that_took_it(
+    start_server, store_url: str, mcp: McpServerProcess
+) -> None:
+    """A keeps a run parked but cannot renew its lease (its store calls fail); B takes the
+    run over at the gateway's StartRun and parks it again. A decision sent to A then must
+    not take the run back from B: B runs it, once; A's stream ends with RunOrphaned."""
+    replicas_only(store_url)
+    row = "SELECT status, owner FROM rt_runs WHERE run_id = 'lost-1'"
+    request = tool_request("use note for buy milk", mcp, "lost-1")
+    async with (
+        start_server(lease_seconds=1, replica_id="A") as a,
+        start_server(lease_seconds=1, replica_id="B") as b,
+        grpc.aio.insecure_channel(a.address) as to_a,
+        grpc.aio.insecure_channel(b.address) as to_b,
+    ):
+        on_a = pb_grpc.OrchestratorServiceStub(to_a)
+        on_b = pb_grpc.OrchestratorServiceStub(to_b)
+        reader_a = Reader(on_a.StartRun(request))
+        asked = (await reader_a.until("permission_required")).permission_required
+        await waiting_run(on_a, "lost-1")
+
+        async def unreachable(*args: object, **kwargs: object) -> None:
+            return None
+
+        a.store.renew_parked = unreachable  # type: ignore[method-assign]
+        await asyncio.sleep(1.3)  # A's lease runs out
+        reader_b = Reader(on_b.StartRun(request))
+        async with asyncio.timeout(10):
+            while query(store_url, row) != [("awaiting_approval", "B")]:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+
+        answer = await on_a.ResolvePermission(
+            resolve("lost-1", asked.permission_request_id, APPROVE)
+        )
+        assert answer.resumed, "B keeps the run and goes on with it"
+        events_b = await reader_b.end()
+        with pytest.raises(grpc.aio.AioRpcError) as orphaned:
+            await reader_a.end()
+    assert orphaned.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert reason_of(orphaned.value) == "RUN_ORPHANED"
+    assert kinds(events_b)[-1] == "run_completed"
+    assert query(store_url, "SELECT status FROM rt_runs WHERE run_id = 'lost-1'") == [
+        ("succeeded",)
+    ]
+    assert mcp.counts("note") == {sent_key("lost-1", asked.permission_request_id): 1}
+
+
+async def test_a_stop_turn_on_another_replica_ends_a_run_parked_on_this_one(
+    start_server, store_url: str, mcp: McpServerProcess
+) -> None:
+    replicas_only(store_url)
+    first = tool_request("use note for buy milk", mcp, "tp-1")
+    async with (
+        start_server(replica_id="A") as a,
+        start_server(replica_id="B") as b,
+        grpc.aio.insecure_channel(a.address) as to_a,
+        grpc.aio.insecure_channel(b.address) as to_b,
+    ):
+        on_a = pb_grpc.OrchestratorServiceStub(to_a)
+        on_b = pb_grpc.OrchestratorServiceStub(to_b)
+        reader = Reader(on_a.StartRun(first))
+        await reader.until("permission_required")
+        await waiting_run(on_a, "tp-1")
+        # The thread is busy on every replica, not only on the one keeping the run.
+        for stub, run_id in ((on_a, "tp-2"), (on_b, "tp-3")):
+            other = tool_request("use weather for Rome", mcp, run_id)
+            other.context.thread_id = first.context.thread_id
+            other.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_REJECT
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                await collect(stub.StartRun(other))
+            assert reason_of(busy.value) == "THREAD_BUSY", run_id
+        stop = tool_request("停止", mcp, "tp-4")
+        stop.context.thread_id = first.context.thread_id
+        stopped = await collect(on_b.StartRun(stop))
+        assert kinds(stopped)[-1] == "run_completed"
+        events = await reader.end()
+    assert kinds(events)[-1] == "run_cancelled"
+    assert events[-1].run_cancelled.reason == "stop_directive"
+    assert mcp.counts("note") == {}
