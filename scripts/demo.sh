@@ -24,7 +24,7 @@ fi
 "$rt" serve --listen "$target" --store "sqlite:///$work/demo.db" --offline-token-delay-ms 15 \
   --log-level WARNING 2>"$work/serve.log" &
 server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true; rm -rf "$work"' EXIT
 
 "$py" - "$target" <<'PY'
 import sys, time, grpc
@@ -60,7 +60,7 @@ cat "$work/talk.out"; echo; cat "$work/stop.out"
 # request as a script would; without it, roundtable chat asks at the terminal (y/n).
 (cd "$root" && exec "$py" -m tests.support.mcp_server --port 0) >"$work/mcp.log" 2>&1 &
 mcp=$!
-trap 'kill -TERM $server $mcp 2>/dev/null; wait $server $mcp 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill -TERM $server $mcp 2>/dev/null; wait $server $mcp 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 100); do
   mcp_port=$(sed -n 's/^mcp test server listening on port \([0-9]*\)$/\1/p' "$work/mcp.log")
   [ -n "$mcp_port" ] && break
