@@ -6,6 +6,7 @@ Run against a real `roundtable serve` process, so the memory measured is the ser
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import grpc
@@ -204,15 +205,25 @@ async def test_a_run_takes_a_bounded_number_of_streams(tmp_path: Path) -> None:
         await server.stop()
 
 
-async def test_only_the_retryable_resource_exhausted_carries_a_retry_info(start_server) -> None:
+async def test_only_the_retryable_resource_exhausted_carries_a_retry_info(
+    start_server, caplog: pytest.LogCaptureFixture
+) -> None:
     # The transport's size limit (max_request_bytes + 1 MiB) answers RESOURCE_EXHAUSTED
-    # with no RetryInfo: the contract's sign that sending it again cannot help.
+    # with no RetryInfo: the contract's sign that sending it again cannot help. A client's
+    # mistake: the server logs no error for it (it logged two tracebacks per call).
     async with (
         start_server(max_request_bytes=1024) as server,
         grpc.aio.insecure_channel(server.address) as channel,
     ):
         start = _raw_call(channel, START_RUN, streaming=True)
-        error = await _code_of(start(_big_request(2 * 1024 * 1024), timeout=30))
+        get = _raw_call(channel, GET_RUN, streaming=False)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            error = await _code_of(start(_big_request(2 * 1024 * 1024), timeout=30))
+            unary = await _code_of(get(_big_request(2 * 1024 * 1024), timeout=30))
+            await asyncio.sleep(0.2)  # the server's side of the calls finishes
+    assert unary.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     details = rpc_status.from_call(error)
     assert details is None or not any(

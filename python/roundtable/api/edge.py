@@ -20,6 +20,7 @@ reflection included, instead of gRPC's UNKNOWN naming a Python class.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -98,7 +99,16 @@ async def _read_one(context: Any, method: str) -> Any:
     """The call's one request message, decoded; aborts with INVALID_ARGUMENT if it is not."""
     request = await context.read()
     if request is grpc.aio.EOF:
-        await _abort(context, UndecodableRequest(method, "no request message was sent"))
+        try:
+            await _abort(context, UndecodableRequest(method, "no request message was sent"))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            # The transport ended the call before its message arrived, and answered it
+            # (a message larger than it takes: RESOURCE_EXHAUSTED), so no status can be
+            # sent: a client's mistake, not a bug of ours. The call just ends here.
+            log.info("%s: the transport ended the call before its request arrived", method)
+            raise asyncio.CancelledError from None
     if isinstance(request, _Undecodable):
         await _abort(
             context, UndecodableRequest(method, "the request's bytes do not parse as its message")

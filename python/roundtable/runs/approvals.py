@@ -100,9 +100,7 @@ class Approvals:
             # same way with other arguments or another reason: the recorded one stands).
             await self._go_on(live, record)
             other = "" if call.verdict is not verdict else " with other arguments or reason"
-            raise PermissionDecided(
-                f"{call_key[:256]} is recorded as {call.verdict.value}{other}"
-            )
+            raise PermissionDecided(f"{call_key[:256]} is recorded as {call.verdict.value}{other}")
         resumed = await self._go_on(live, record)
         if live is not None:
             record, progress = live.record, live.progress
