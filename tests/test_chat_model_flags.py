@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +126,20 @@ def test_kind_replaces_the_kind_of_a_snapshot_file_and_text_its_user_turn(
     assert single.members == as_written.members, "nothing else changes"
     assert chat_snapshot(None, "", "single").session.kind == spb.SESSION_KIND_SINGLE
     assert chat_snapshot(None, "", None).session.kind == spb.SESSION_KIND_GROUP
+
+
+def test_a_snapshot_file_that_is_missing_or_no_snapshot_is_a_usage_error(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text('{"bogus": 1}', "utf-8")
+    for path, says in ((tmp_path / "missing.json", "No such file"), (bogus, '"bogus"')):
+        with pytest.raises(ValueError, match=f"--snapshot {path}: .*{says}"):
+            chat_snapshot(str(path), "hi", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "roundtable.cli", "chat", "--snapshot", str(path), "hi"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert "Traceback" not in done.stderr
+        assert f"roundtable chat: error: --snapshot {path}: " in done.stderr

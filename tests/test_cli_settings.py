@@ -218,8 +218,34 @@ def test_each_policy_flag_sets_its_policy_field_and_defaults_to_the_policys_own(
 def test_help_shows_each_flag_with_its_variable_and_default() -> None:
     text = " ".join(roundtable("serve", "--help").stdout.split())
     assert "--breaker-cooldown-seconds" in text
-    assert "(env ROUNDTABLE_BREAKER_COOLDOWN_SECONDS; default 30.0)" in text
-    assert "(env ROUNDTABLE_DEFAULT_MAX_SPEAKERS; default 8)" in text
+    assert "(env ROUNDTABLE_BREAKER_COOLDOWN_SECONDS; default 30.0; at least 0)" in text
+    assert "(env ROUNDTABLE_DEFAULT_MAX_SPEAKERS; default 8; at least 1)" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "says"),
+    [
+        (["--max-runs", "0"], {}, "--max-runs: must be at least 1, got '0'"),
+        (["--max-members", "-1"], {}, "--max-members: must be at least 1, got '-1'"),
+        ([], {"ROUNDTABLE_LEASE_SECONDS": "0"}, "--lease-seconds: must be at least 0.1"),
+        (["--model-max-retries", "-3"], {}, "--model-max-retries: must be at least 0"),
+        (["--stream-buffer-events", "0"], {}, "--stream-buffer-events: must be at least 1"),
+        (["--log-level", "LOUD"], {}, "--log-level: expected DEBUG, INFO, WARNING"),
+        ([], {"ROUNDTABLE_LOG_LEVEL": "debugx"}, "--log-level: expected DEBUG, INFO, WARNING"),
+    ],
+)
+def test_a_value_no_server_could_run_with_is_refused_at_start(
+    argv: list[str], env: dict[str, str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, these started a server that refused every run (max-runs 0), or crashed with a
+    # traceback (an unknown log level).
+    with pytest.raises(SystemExit) as exit_:
+        load_settings(argv, env)
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
+    assert (
+        load_settings(["--max-runs", "1", "--model-max-retries", "0"], {}).run_limits.max_runs == 1
+    )
 
 
 def test_a_setting_that_does_not_exist_is_refused() -> None:

@@ -137,10 +137,17 @@ def model_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> ModelC
 
 def chat_snapshot(path: str | None, text: str, kind: str | None) -> spb.Snapshot:
     """The turn's snapshot: the JSON file at `path` (its session's kind replaced by `kind`
-    when one is given, its user turn by `text` when there is one), else the demo roster."""
+    when one is given, its user turn by `text` when there is one), else the demo roster.
+
+    Raises:
+        ValueError: the file cannot be read or is no Snapshot in JSON (the message says).
+    """
     if not path:
         return demo_snapshot(text or "count off", kind=kind or "group")
-    snapshot = json_format.Parse(Path(path).read_text("utf-8"), spb.Snapshot())
+    try:
+        snapshot = json_format.Parse(Path(path).read_text("utf-8"), spb.Snapshot())
+    except (OSError, UnicodeDecodeError, json_format.ParseError) as exc:
+        raise ValueError(f"--snapshot {path}: {exc}") from None
     if text:
         snapshot.user_turn.text = text
     if kind:
@@ -213,24 +220,26 @@ def run_chat(argv: Sequence[str]) -> int:
     """Sends one turn and renders its stream; returns the exit code."""
     parser = _parser()
     args = parser.parse_args(list(argv))
-    token = os.environ.get("ROUNDTABLE_CHAT_TOKEN", "")
-    if args.token_file:
-        token = Path(args.token_file).read_text("utf-8").strip()
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         parser.error("--tls-cert-file and --tls-key-file go together")
     if args.tls_cert_file and not args.tls_ca_file:
         parser.error("--tls-cert-file needs --tls-ca-file")
+    # Everything read from files or flags: a missing file or a bad value is a usage error
+    # naming it, not a traceback.
     try:
+        token = os.environ.get("ROUNDTABLE_CHAT_TOKEN", "")
+        if args.token_file:
+            token = Path(args.token_file).read_text("utf-8").strip()
         choice = model_choice(args, os.environ)
+        security = ClientSecurity(
+            token=token,
+            ca=Path(args.tls_ca_file).read_bytes() if args.tls_ca_file else None,
+            cert=Path(args.tls_cert_file).read_bytes() if args.tls_cert_file else None,
+            key=Path(args.tls_key_file).read_bytes() if args.tls_key_file else None,
+        )
+        snapshot = chat_snapshot(args.snapshot, " ".join(args.text), args.kind)
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    security = ClientSecurity(
-        token=token,
-        ca=Path(args.tls_ca_file).read_bytes() if args.tls_ca_file else None,
-        cert=Path(args.tls_cert_file).read_bytes() if args.tls_cert_file else None,
-        key=Path(args.tls_key_file).read_bytes() if args.tls_key_file else None,
-    )
-    snapshot = chat_snapshot(args.snapshot, " ".join(args.text), args.kind)
     names = {m.member_id: m.display_name for m in snapshot.members}
     run_id = args.run_id or f"chat-{uuid.uuid4().hex[:12]}"
     request = pb.StartRunRequest(

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from roundtable.api.limits import RequestLimits
-from roundtable.domain.flags import FLAG, HELP, flag
+from roundtable.domain.flags import FLAG, HELP, MINIMUM, flag
 from roundtable.domain.limits import RunLimits
 from roundtable.domain.snapshot import Budgets, server_of
 from roundtable.harness.policies import HarnessPolicy
@@ -117,12 +118,15 @@ class Settings:
         metadata=flag(
             "lease-seconds",
             "How long a replica's claim on a live run lasts without renewal (renewed every third).",
+            minimum=0.1,
         ),
     )
     grace_seconds: float = field(
         default=10.0,
         metadata=flag(
-            "grace-seconds", "On SIGTERM/SIGINT: seconds live runs get to reach a speaker boundary."
+            "grace-seconds",
+            "On SIGTERM/SIGINT: seconds live runs get to reach a speaker boundary.",
+            minimum=0,
         ),
     )
     log_level: str = field(
@@ -133,6 +137,7 @@ class Settings:
         metadata=flag(
             "offline-token-delay-ms",
             "Pause between the offline model's streamed tokens (0: as fast as possible).",
+            minimum=0,
         ),
     )
     max_calls_per_caller: int = field(
@@ -142,6 +147,7 @@ class Settings:
             "Calls (streams included) one caller holds open at once; more get "
             "RESOURCE_EXHAUSTED with a retry hint. A caller is a bearer token or client "
             "certificate (all callers are one when caller authentication is off).",
+            minimum=1,
         ),
     )
     harness: HarnessPolicy = field(default_factory=HarnessPolicy)
@@ -200,6 +206,8 @@ class Knob:
     """Attribute names from a Settings down to the field, e.g. ("run_limits", "max_runs")."""
     default: object
     meaning: str
+    minimum: float | None = None
+    """A number's least accepted value (None: any)."""
 
     @property
     def name(self) -> str:
@@ -213,8 +221,9 @@ class Knob:
 
     @property
     def help(self) -> str:
-        """What `--help` shows: the meaning, the variable and the default."""
-        return f"{self.meaning} (env {self.env}; default {self.default!r})".strip()
+        """What `--help` shows: the meaning, the variable, the default and the least value."""
+        least = "" if self.minimum is None else f"; at least {self.minimum:g}"
+        return f"{self.meaning} (env {self.env}; default {self.default!r}{least})".strip()
 
     def parse(self, raw: str) -> object:
         """The value of a flag's or variable's text, of the default's type.
@@ -247,7 +256,13 @@ def _walk(value: Any, path: tuple[str, ...]) -> Iterator[Knob]:
     for f in fields(value):
         default = getattr(value, f.name)
         if FLAG in f.metadata:
-            yield Knob(f.metadata[FLAG], (*path, f.name), default, f.metadata.get(HELP, ""))
+            yield Knob(
+                f.metadata[FLAG],
+                (*path, f.name),
+                default,
+                f.metadata.get(HELP, ""),
+                f.metadata.get(MINIMUM),
+            )
         elif dataclasses.is_dataclass(default):
             yield from _walk(default, (*path, f.name))
 
@@ -274,10 +289,16 @@ def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None
             raw = env.get(knob.env)
         if raw is not None:
             try:
-                values[knob.name] = knob.parse(raw)
+                value = knob.parse(raw)
             except ValueError:
                 parser.error(f"--{knob.flag}: not a valid {type(knob.default).__name__}: {raw!r}")
+            if knob.minimum is not None and value < knob.minimum:  # type: ignore[operator]
+                parser.error(f"--{knob.flag}: must be at least {knob.minimum:g}, got {raw!r}")
+            values[knob.name] = value
     settings = Settings().with_values(**values)
+    if settings.log_level.upper() not in logging.getLevelNamesMapping():
+        levels = "DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        parser.error(f"--log-level: expected {levels}, got {settings.log_level!r}")
     if settings.checkpoint_durability not in {"async", "sync", "exit"}:
         parser.error("--checkpoint-durability: expected async, sync or exit")
     try:

@@ -15,19 +15,21 @@ class RequestLimits:
     """How large a StartRun may be. Units are counts unless the name says bytes."""
 
     max_request_bytes: int = field(
-        default=16 * MIB, metadata=flag("max-request-bytes", "Largest StartRunRequest accepted.")
+        default=16 * MIB,
+        metadata=flag("max-request-bytes", "Largest StartRunRequest accepted.", minimum=1024),
     )
     max_members: int = field(
-        default=32, metadata=flag("max-members", "Most members a snapshot may have.")
+        default=32, metadata=flag("max-members", "Most members a snapshot may have.", minimum=1)
     )
     max_history: int = field(
-        default=10_000, metadata=flag("max-history", "Most history messages a snapshot may have.")
+        default=10_000,
+        metadata=flag("max-history", "Most history messages a snapshot may have.", minimum=0),
     )
     history_window: int = 64
     """The most recent history messages Roundtable reads; older ones are only counted."""
     max_message_bytes: int = field(
         default=32 * KIB,
-        metadata=flag("max-message-bytes", "Largest user turn or history message."),
+        metadata=flag("max-message-bytes", "Largest user turn or history message.", minimum=1),
     )
     max_persona_bytes: int = 16 * KIB
     max_aliases: int = 16

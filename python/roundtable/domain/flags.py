@@ -15,13 +15,20 @@ FLAG = "flag"
 """The metadata key of a field's flag name, without its leading dashes."""
 HELP = "help"
 """The metadata key of the flag's meaning, as `--help` shows it."""
+MINIMUM = "minimum"
+"""The metadata key of a number's least accepted value."""
 
 
-def flag(name: str, meaning: str) -> Mapping[str, str]:
+def flag(name: str, meaning: str, *, minimum: float | None = None) -> Mapping[str, object]:
     """Field metadata: the field is set by `--<name>` and `ROUNDTABLE_<NAME>`.
 
     Args:
         name: The flag without its dashes, e.g. "model-timeout-seconds".
         meaning: What the flag does, in an operator's words (shown by `--help`).
+        minimum: A number's least accepted value: `roundtable serve` refuses to start with
+            less (a server that would refuse every run, or never time out, is a typo).
     """
-    return MappingProxyType({FLAG: name, HELP: meaning})
+    metadata: dict[str, object] = {FLAG: name, HELP: meaning}
+    if minimum is not None:
+        metadata[MINIMUM] = minimum
+    return MappingProxyType(metadata)

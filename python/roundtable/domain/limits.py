@@ -17,13 +17,16 @@ class RunLimits:
             "max-runs",
             "Runs executing at once in this process; more get RESOURCE_EXHAUSTED with a "
             "retry hint.",
+            minimum=1,
         ),
     )
     """Runs executing at once."""
     max_runs_per_tenant: int = field(
         default=500,
         metadata=flag(
-            "max-runs-per-tenant", "Runs of one tenant executing at once in this process."
+            "max-runs-per-tenant",
+            "Runs of one tenant executing at once in this process.",
+            minimum=1,
         ),
     )
     """Runs of one tenant executing at once."""
@@ -34,6 +37,7 @@ class RunLimits:
             "Events buffered per stream for a slow reader. When full, deltas are dropped; a "
             "durable event that does not fit ends the stream with RESOURCE_EXHAUSTED, and the "
             "reader re-attaches with StreamRun(after_seq) without losing anything.",
+            minimum=1,
         ),
     )
     """Events buffered per stream (see `runs.live.Subscription`)."""
@@ -42,6 +46,7 @@ class RunLimits:
         metadata=flag(
             "max-streams-per-run",
             "Streams attached to one live run at once (StartRun attaches and StreamRun followers).",
+            minimum=1,
         ),
     )
     """Streams attached to one live run at once (a follower costs ≈60 KB)."""

@@ -127,12 +127,16 @@ class Budgets:
 
     max_speakers: int = field(
         default=8,
-        metadata=flag("default-max-speakers", "Speakers per turn when the session sets no budget."),
+        metadata=flag(
+            "default-max-speakers", "Speakers per turn when the session sets no budget.", minimum=1
+        ),
     )
     max_rounds: int = field(
         default=2,
         metadata=flag(
-            "default-max-rounds", "Supervisor rounds per turn when the session sets no budget."
+            "default-max-rounds",
+            "Supervisor rounds per turn when the session sets no budget.",
+            minimum=1,
         ),
     )
     max_output_tokens: int = field(
@@ -140,12 +144,15 @@ class Budgets:
         metadata=flag(
             "default-max-output-tokens",
             "Output tokens per speaker when the session sets no budget.",
+            minimum=1,
         ),
     )
     run_timeout_s: float = field(
         default=600.0,
         metadata=flag(
-            "default-run-timeout-seconds", "Wall-clock limit of a run when the session sets none."
+            "default-run-timeout-seconds",
+            "Wall-clock limit of a run when the session sets none.",
+            minimum=1,
         ),
     )
     max_parallel_speakers: int = field(
@@ -153,6 +160,7 @@ class Budgets:
         metadata=flag(
             "default-max-parallel-speakers",
             "Speakers answering at once in a PARALLEL session when the session sets no budget.",
+            minimum=1,
         ),
     )
     """Speakers answering at once in a PARALLEL session."""
@@ -161,6 +169,7 @@ class Budgets:
         metadata=flag(
             "default-max-tool-calls-per-speaker",
             "Tool calls one speaker may make in a reply when the session sets no budget.",
+            minimum=0,
         ),
     )
     approval_timeout_s: float = field(
@@ -168,6 +177,7 @@ class Budgets:
         metadata=flag(
             "default-approval-timeout-seconds",
             "How long a permission request waits for a decision when the session sets none.",
+            minimum=1,
         ),
     )
     """Past it, a waiting tool call counts as denied with the reason `expired`."""

@@ -16,7 +16,9 @@ class TimeoutPolicy:
     default_s: float = field(
         default=60.0,
         metadata=flag(
-            "model-timeout-seconds", "Per-attempt model timeout when a model ref sets none."
+            "model-timeout-seconds",
+            "Per-attempt model timeout when a model ref sets none.",
+            minimum=0.01,
         ),
     )
     """Seconds an attempt may take when the model ref sets no timeout of its own."""
@@ -28,13 +30,17 @@ class RetryPolicy:
 
     max_retries: int = field(
         default=2,
-        metadata=flag("model-max-retries", "Retries of transient model errors on one target."),
+        metadata=flag(
+            "model-max-retries", "Retries of transient model errors on one target.", minimum=0
+        ),
     )
     """Retries after the first attempt (so at most 1 + max_retries attempts)."""
     initial_backoff_s: float = field(
         default=0.2,
         metadata=flag(
-            "model-retry-backoff-seconds", "First retry backoff; doubles per retry, with jitter."
+            "model-retry-backoff-seconds",
+            "First retry backoff; doubles per retry, with jitter.",
+            minimum=0,
         ),
     )
     """Seconds before the first retry; doubles for each further retry."""
@@ -56,13 +62,16 @@ class BreakerPolicy:
         metadata=flag(
             "breaker-failure-threshold",
             "Consecutive system failures that open a target's circuit breaker.",
+            minimum=1,
         ),
     )
     """Consecutive system failures that open the breaker."""
     cooldown_s: float = field(
         default=30.0,
         metadata=flag(
-            "breaker-cooldown-seconds", "Seconds before an open breaker lets one probe through."
+            "breaker-cooldown-seconds",
+            "Seconds before an open breaker lets one probe through.",
+            minimum=0,
         ),
     )
     """Seconds an open breaker waits before letting one probe through (half-open)."""
