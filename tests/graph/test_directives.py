@@ -8,7 +8,7 @@ import pytest
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, Memory, Session, SessionKind, Snapshot, UserTurn
 from roundtable.graph.countoff import check_count_off
-from roundtable.graph.directives import COMMANDS, EVERYONE, FILLERS, classify
+from roundtable.graph.directives import COMMANDS, EVERYONE, FILLERS, classify, is_cjk
 from roundtable.graph.memory_select import select_memories
 from support.bounded import call_bounded
 
@@ -218,6 +218,36 @@ def test_every_directive_word_in_either_language_is_its_directive(
 @pytest.mark.parametrize("word", [w for row in EVERYONE for words in row for w in words])
 def test_every_word_for_everyone_after_an_at_is_all(word: str) -> None:
     assert classify(snap(f"@{word} 你好 hello")).kind is DirectiveKind.ALL
+    # CJK runs on after it without a space, as after a member's name.
+    assert classify(snap(f"@{word}你们好")).kind is DirectiveKind.ALL
+    if not is_cjk(word[-1]):
+        assert classify(snap(f"@{word}x hi")).kind is not DirectiveKind.ALL, "another word"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "members"),
+    [
+        # A directive right after a leading @mention, CJK without a space (outside testing
+        # found these planned as mentions or an open discussion).
+        ("@Alice停止", DirectiveKind.STOP, ()),
+        ("@小爱停下来", DirectiveKind.STOP, ()),
+        ("@Bob继续说", DirectiveKind.CONTINUE, ()),
+        ("@Carol报数", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
+        ("@全体成员请报数", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
+        ("@all请报数", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
+        ("@Alice @Bob，停止", DirectiveKind.STOP, ()),
+        ("@所有人你们好", DirectiveKind.ALL, ("a", "b", "c")),
+        ("@all请回答", DirectiveKind.ALL, ("a", "b", "c")),
+        # Still no directive: a name that goes on, an @ of nobody before CJK, a sentence.
+        ("@Alice你好", DirectiveKind.MENTION, ("a",)),
+        ("@Alicestop", DirectiveKind.OPEN, ()),
+        ("@allison hi", DirectiveKind.OPEN, ()),
+        ("@Alice 停止的意思是什么", DirectiveKind.MENTION, ("a",)),
+    ],
+)
+def test_a_directive_right_after_a_leading_mention_or_at_all(text, kind, members) -> None:
+    directive = classify(snap(text))
+    assert (directive.kind, directive.member_ids) == (kind, members), text
 
 
 _AROUND = (

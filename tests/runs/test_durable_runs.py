@@ -451,14 +451,27 @@ async def test_a_run_failed_retryably_resumes_on_retry_keeping_its_finished_spea
     assert await get_status(stub, "rf-1") == pb.RUN_STATUS_SUCCEEDED
 
 
-async def test_a_count_off_cut_to_max_speakers_says_so_in_its_plan(stub) -> None:
+@pytest.mark.parametrize(
+    ("text", "mentions"),
+    [
+        ("报数", False),
+        ("@all hi", False),
+        ("hi", True),
+        (" ".join(f"@N{i}" for i in range(10)), False),
+    ],
+)
+async def test_a_turn_cut_to_max_speakers_says_so_in_its_plan(stub, text, mentions) -> None:
+    # A count-off, @all or @mentions of more members than max_speakers (the mentions were
+    # cut without a word before).
     request = start_request(
-        "报数", members=[member(f"m{i}", f"N{i}") for i in range(10)], run_id="cut-1"
+        text, members=[member(f"m{i}", f"N{i}") for i in range(10)], run_id="cut-1"
     )
+    if mentions:
+        request.snapshot.user_turn.mentions.extend(f"m{i}" for i in range(10))
     request.snapshot.session.budgets.max_speakers = 8
     events = await collect(stub.StartRun(request))
     plan = of_kind(events, "plan_created")[0].plan_created
-    assert len(plan.steps) == 8
+    assert [s.member_id for s in plan.steps] == [f"m{i}" for i in range(8)]
     assert plan.fallback_reason == "cut to max_speakers: 8 of 10 members"
 
 

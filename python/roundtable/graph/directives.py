@@ -95,8 +95,15 @@ _CONTINUE = _directive(_words(COMMANDS[DirectiveKind.CONTINUE]))
 _COUNT_OFF = _directive(_words(COMMANDS[DirectiveKind.COUNT_OFF]))
 # An @ that starts a mention: not inside a word or an e-mail address ("bob@lin.org").
 _AT = r"(?<![\w.])@"
-_ALL = re.compile(rf"{_AT}(?:{_words(EVERYONE)})(?!\w)")
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002ffff"
+"""The characters `is_cjk` accepts, as a regex class body."""
+# Not followed by a letter of a word that goes on ("@allison"): CJK text runs on after it
+# without a space ("@所有人你们好", "@all请回答"), as after a member's name.
+_WORD_GOES_ON = rf"(?=[^\W{_CJK}])"
+_ALL = re.compile(rf"{_AT}(?:{_words(EVERYONE)})(?!{_WORD_GOES_ON})")
 _MENTION_AT = re.compile(_AT)
+_LEADING_ALL = re.compile(rf"{_EDGE}@(?:{_words(EVERYONE)})(?!{_WORD_GOES_ON})")
+_LEADING_AT = re.compile(rf"{_EDGE}@")
 
 
 def fold(text: str) -> str:
@@ -195,11 +202,35 @@ def mentioned_members(snapshot: Snapshot) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def _after_leading_mentions(text: str, members: tuple[Member, ...]) -> str:
+    """`text` (folded) past the @mentions it opens with, of members or of everyone: "@Mei停止"
+    and "@所有人请报数" are the directive that follows, as "@Mei 停止" is (CJK text runs on after
+    a name without a space, so where a name ends needs the roster)."""
+    names: dict[str, list[_Name]] | None = None
+    while (at := _LEADING_AT.match(text)) is not None:
+        everyone = _LEADING_ALL.match(text)
+        if everyone is not None:
+            text = text[everyone.end() :]
+            continue
+        names = _names(members) if names is None else names
+        start = at.end()
+        for name in names.get(text[start : start + 1], ()):
+            end = start + len(name.text)
+            if text.startswith(name.text, start) and name.ends_at(text, end):
+                text = text[end:]
+                break
+        else:
+            return text  # an @ of no member: the patterns take "@someone stop" as it is
+    return text
+
+
 def classify(snapshot: Snapshot) -> Directive:
     """Classifies the user's turn. Pure: the same snapshot always gives the same directive."""
     raw = snapshot.user_turn.text.strip()
     text = fold(raw)
-    command = text if len(raw) <= MAX_COMMAND_CHARS else ""
+    command = (
+        _after_leading_mentions(text, snapshot.members) if len(raw) <= MAX_COMMAND_CHARS else ""
+    )
     if command:
         if _STOP.match(command):
             return Directive(DirectiveKind.STOP)

@@ -120,7 +120,8 @@ type OrchestratorServiceClient interface {
 	// replica or the one holding its lease, and its events reach any stream
 	// attached to it (or StreamRun). A decision recorded while no server ran the
 	// run is acted on when the run is next started, followed or read.
-	// Idempotent: the same decision again answers the same. Errors:
+	// Idempotent: the same decision again (the same verdict, edited arguments
+	// and reason) answers the same; any other is PERMISSION_DECIDED. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
 	// FAILED_PRECONDITION [PERMISSION_DECIDED].
 	ResolvePermission(ctx context.Context, in *ResolvePermissionRequest, opts ...grpc.CallOption) (*ResolvePermissionResponse, error)
@@ -296,7 +297,8 @@ type OrchestratorServiceServer interface {
 	// replica or the one holding its lease, and its events reach any stream
 	// attached to it (or StreamRun). A decision recorded while no server ran the
 	// run is acted on when the run is next started, followed or read.
-	// Idempotent: the same decision again answers the same. Errors:
+	// Idempotent: the same decision again (the same verdict, edited arguments
+	// and reason) answers the same; any other is PERMISSION_DECIDED. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
 	// FAILED_PRECONDITION [PERMISSION_DECIDED].
 	ResolvePermission(context.Context, *ResolvePermissionRequest) (*ResolvePermissionResponse, error)

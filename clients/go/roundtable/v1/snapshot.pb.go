@@ -733,7 +733,8 @@ func (x *Tool) GetTimeoutMs() uint32 {
 type Budgets struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Speakers per turn, across all rounds (default 8, at most 64). A
-	// count-off or @all with more members than this is cut to this many.
+	// count-off, @all or @mentions of more members than this is cut to this
+	// many, in order (PlanCreated.fallback_reason says so).
 	MaxSpeakers uint32 `protobuf:"varint,1,opt,name=max_speakers,json=maxSpeakers,proto3" json:"max_speakers,omitempty"`
 	// Supervisor rounds of an open discussion (default 2, at most 8). A round
 	// is one supervisor plan and the speakers it names.

@@ -222,7 +222,8 @@ class OrchestratorServiceServicer:
         replica or the one holding its lease, and its events reach any stream
         attached to it (or StreamRun). A decision recorded while no server ran the
         run is acted on when the run is next started, followed or read.
-        Idempotent: the same decision again answers the same. Errors:
+        Idempotent: the same decision again (the same verdict, edited arguments
+        and reason) answers the same; any other is PERMISSION_DECIDED. Errors:
         INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
         FAILED_PRECONDITION [PERMISSION_DECIDED].
         """

@@ -53,7 +53,7 @@ def deterministic_steps(ctx: GraphContext) -> tuple[list[PlanStep], str]:
         gone = [s.member_id for s in ctx.continuation.steps if s.member_id not in present]
         return steps, f"no longer in the session: {', '.join(gone)}" if gone else ""
     members = directive.member_ids[: budgets.max_speakers]
-    # The contract cuts a count-off or @all to max_speakers; the plan says so.
+    # The contract cuts a count-off, @all or @mentions to max_speakers; the plan says so.
     cut = (
         f"cut to max_speakers: {len(members)} of {len(directive.member_ids)} members"
         if len(members) < len(directive.member_ids)
@@ -82,7 +82,7 @@ def deterministic_steps(ctx: GraphContext) -> tuple[list[PlanStep], str]:
             token_budget=budgets.max_output_tokens,
         )
         for i, member_id in enumerate(members)
-    ], cut if directive.kind is DirectiveKind.ALL else ""
+    ], cut
 
 
 async def deterministic_router(

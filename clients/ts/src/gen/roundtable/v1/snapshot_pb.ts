@@ -333,7 +333,8 @@ export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
 export type Budgets = Message<"roundtable.v1.Budgets"> & {
   /**
    * Speakers per turn, across all rounds (default 8, at most 64). A
-   * count-off or @all with more members than this is cut to this many.
+   * count-off, @all or @mentions of more members than this is cut to this
+   * many, in order (PlanCreated.fallback_reason says so).
    *
    * @generated from field: uint32 max_speakers = 1;
    */
