@@ -297,3 +297,18 @@ def test_a_message_of_fillers_up_to_the_size_limit_is_classified_without_backtra
     so a regression fails instead of hanging the suite)."""
     text = filler * (32 * 1024 // len(filler.encode()))
     assert call_bounded("support.bounded:directive_kind", text + "x") == DirectiveKind.OPEN.name
+
+
+def test_a_member_id_beats_another_members_name_or_alias_that_spells_it() -> None:
+    # Outside testing: "@kai" reached lin, whose alias is "kai", not the member with id kai.
+    members = (
+        Member(member_id="lin", display_name="Lin", aliases=("kai",)),
+        Member(member_id="kai", display_name="Kai K"),
+        Member(member_id="mo", display_name="bo"),
+        Member(member_id="bo", display_name="Bo B"),
+        Member(member_id="s1", display_name="Sam"),
+        Member(member_id="s2", display_name="Sam"),
+    )
+    for text, who in (("@kai hi", "kai"), ("@bo hi", "bo"), ("@Sam hi", "s1"), ("@lin", "lin")):
+        directive = classify(replace(snap(text), members=members))
+        assert directive.member_ids == (who,), text

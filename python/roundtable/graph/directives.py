@@ -158,17 +158,22 @@ class _Name:
 
 
 def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
-    """Every way to @ a member, by first character, longest first (first member wins a clash)."""
+    """Every way to @ a member, by first character, longest first. A clash is settled the
+    same way every time: a member id beats another member's name or alias (ids are the
+    unique ones), and between names and aliases the member first in the roster wins."""
     names: dict[str, _Name] = {}
-    for member in members:
-        for spelled, is_id in (
-            (member.display_name, False),
-            *((alias, False) for alias in member.aliases),
-            (member.member_id, True),
-        ):
-            folded = fold(spelled)
-            if folded and folded not in names:
-                names[folded] = _Name(folded, member.member_id, is_id)
+    spellings = itertools.chain(
+        ((m.member_id, m.member_id, True) for m in members),
+        (
+            (spelled, m.member_id, False)
+            for m in members
+            for spelled in (m.display_name, *m.aliases)
+        ),
+    )
+    for spelled, member_id, is_id in spellings:
+        folded = fold(spelled)
+        if folded and folded not in names:
+            names[folded] = _Name(folded, member_id, is_id)
     by_first: dict[str, list[_Name]] = {}
     for name in sorted(names.values(), key=lambda n: len(n.text), reverse=True):
         by_first.setdefault(name.text[0], []).append(name)
