@@ -121,6 +121,21 @@ def _primary_not_a_member() -> pb.StartRunRequest:
     return start_request("hello", primary="zed")
 
 
+def _a_tool_named_twice() -> pb.StartRunRequest:
+    request = start_request("hello")
+    request.snapshot.session.tool_servers.add(server_id="local", url="http://127.0.0.1:1/mcp")
+    schema = '{"type": "object"}'
+    request.snapshot.session.tools.add(name="t", input_schema_json=schema, server_id="local")
+    request.snapshot.members[0].tool_names.extend(["t", "t"])
+    return request
+
+
+def _approval_timeout_past_its_bound() -> pb.StartRunRequest:
+    request = start_request("hello")
+    request.options.budget_overrides.approval_timeout_seconds = 2_592_001
+    return request
+
+
 CASES: list[tuple[str, Callable[[], pb.StartRunRequest], dict[str, str]]] = [
     ("missing run_id", _without_run_id, {"context.run_id": "is required"}),
     (
@@ -158,6 +173,16 @@ CASES: list[tuple[str, Callable[[], pb.StartRunRequest], dict[str, str]]] = [
         "primary member not in members",
         _primary_not_a_member,
         {"snapshot.session.primary_member_id": "must name one of snapshot.members"},
+    ),
+    (
+        "a tool named twice",
+        _a_tool_named_twice,
+        {"snapshot.members[0].tool_names[1]": "'t' a second time"},
+    ),
+    (
+        "approval timeout past its bound",
+        _approval_timeout_past_its_bound,
+        {"options.budget_overrides.approval_timeout_seconds": "between 0 and 2592000"},
     ),
 ]
 

@@ -64,9 +64,13 @@ def validate_tools(
     for i, member in enumerate(members):
         path = f"snapshot.members[{i}].tool_names"
         c.count(path, len(member.tool_names), limits.max_member_tools)
+        seen: set[str] = set()
         for j, name in enumerate(member.tool_names):
             if name not in names:
                 c.add(f"{path}[{j}]", f"names no tool of snapshot.session.tools: {name[:64]!r}")
+            elif name in seen:
+                c.add(f"{path}[{j}]", f"names {name[:64]!r} a second time")
+            seen.add(name)
 
 
 def validate_tool_budgets(c: _Collector, path: str, budgets: spb.Budgets) -> None:

@@ -69,7 +69,12 @@ class _Collector:
 
     def bound(self, path: str, value: float, low: float, high: float) -> None:
         if not low <= value <= high:
-            self.add(path, f"must be between {low:g} and {high:g}")
+            self.add(path, f"must be between {_number(low)} and {_number(high)}")
+
+
+def _number(value: float) -> str:
+    """A bound as people write it: 2592000, not 2.592e+06; 0.5 as 0.5."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def validate_run_ids(run_id: str, tenant: str, limits: RequestLimits) -> list[FieldViolation]:

@@ -422,7 +422,8 @@ func (x *Snapshot) GetUserTurn() *UserTurn {
 // Session describes the chat the turn belongs to.
 type Session struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The gateway's session id, for logs only. Optional, at most 128 characters.
+	// The gateway's session id, for logs only. Optional, at most 128
+	// characters of letters, digits and . _ : - (like every id).
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// SINGLE (one member answers) or GROUP (directives and the supervisor decide
 	// who speaks). Required.
@@ -1016,7 +1017,7 @@ type Member struct {
 	// At most 1,000.
 	Memories []*Memory `protobuf:"bytes,8,rep,name=memories,proto3" json:"memories,omitempty"`
 	// The tools (Tool.name) this member may call. Each must be one of
-	// Session.tools; at most 64. Empty: the member calls no tools.
+	// Session.tools, named once; at most 64. Empty: the member calls no tools.
 	ToolNames     []string `protobuf:"bytes,9,rep,name=tool_names,json=toolNames,proto3" json:"tool_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

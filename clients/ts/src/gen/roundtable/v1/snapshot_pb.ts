@@ -127,7 +127,8 @@ export const SnapshotSchema: GenMessage<Snapshot> = /*@__PURE__*/
  */
 export type Session = Message<"roundtable.v1.Session"> & {
   /**
-   * The gateway's session id, for logs only. Optional, at most 128 characters.
+   * The gateway's session id, for logs only. Optional, at most 128
+   * characters of letters, digits and . _ : - (like every id).
    *
    * @generated from field: string session_id = 1;
    */
@@ -557,7 +558,7 @@ export type Member = Message<"roundtable.v1.Member"> & {
 
   /**
    * The tools (Tool.name) this member may call. Each must be one of
-   * Session.tools; at most 64. Empty: the member calls no tools.
+   * Session.tools, named once; at most 64. Empty: the member calls no tools.
    *
    * @generated from field: repeated string tool_names = 9;
    */
