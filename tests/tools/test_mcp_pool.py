@@ -190,3 +190,35 @@ def test_importing_the_server_harness_and_pool_does_not_load_the_mcp_sdk() -> No
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == "[]"
+
+
+async def test_an_idle_session_and_its_credential_go_without_another_call(
+    mcp: McpServerProcess,
+) -> None:
+    """A session holds its credential: it is closed once idle even if no call ever comes
+    again (before, only a later connection swept the idle ones)."""
+    pool = McpPool(idle_s=0.2)
+    try:
+        await pool.call(call_ref(mcp, "weather", "r1/1", city="x"), token="tok-1", timeout_s=5)
+        assert repr(pool) == "McpPool(1 connections)"
+        async with asyncio.timeout(5):
+            while any(t.get_name() in ("mcp:tools", "mcp:sweep") for t in asyncio.all_tasks()):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        assert repr(pool) == "McpPool(0 connections)"
+        # The next call opens a session again, and the sweep with it.
+        await pool.call(call_ref(mcp, "weather", "r1/2", city="y"), token="tok-1", timeout_s=5)
+        assert any(t.get_name() == "mcp:sweep" for t in asyncio.all_tasks())
+    finally:
+        await pool.aclose()
+
+
+async def test_a_full_pool_closes_its_least_recently_used_session(mcp: McpServerProcess) -> None:
+    pool = McpPool(max_connections=2)
+    try:
+        for n, token in enumerate(("tok-a", "tok-b", "tok-a", "tok-c"), start=1):
+            ref = call_ref(mcp, "weather", f"r1/{n}", city="x")
+            await pool.call(ref, token=token, timeout_s=5)
+        server = call_ref(mcp, "weather", "r1/9").server
+        assert set(pool._connections) == {pool_key(server, "tok-a"), pool_key(server, "tok-c")}
+    finally:
+        await pool.aclose()

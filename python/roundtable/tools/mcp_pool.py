@@ -1,5 +1,7 @@
 """The process's open MCP sessions: one per tool server and credential, opened on first
-use, reopened when broken, closed when idle and at shutdown.
+use, reopened when broken, closed when idle (a sweep while any is open) or when the pool is
+full (the least recently used), and at shutdown. A session holds its credential, so no
+credential outlives its last call by more than `idle_s` and a sweep.
 
 Importing this module is cheap: the `mcp` SDK (≈290 ms of imports on top of the rest of
 the server) is loaded by the first call, in a worker thread so the event loop keeps
@@ -49,15 +51,21 @@ class McpPool:
         self,
         *,
         idle_s: float = 600.0,
+        max_connections: int = 256,
         connect_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.idle_s = idle_s
-        """A connection unused this long is closed when the next one opens (the server
-        forgets an idle session after 30 minutes anyway)."""
+        """A connection unused this long is closed by the next sweep (every `idle_s / 4`
+        while any is open) or when another one opens; the server forgets an idle session
+        after 30 minutes anyway."""
+        self.max_connections = max_connections
+        """Open connections at most: one more closes the least recently used (each
+        credential of each run's gateway user may have one)."""
         self.connect_timeout_s = connect_timeout_s
         self._clock = clock
         self._connections: dict[PoolKey, McpConnection] = {}
+        self._sweep: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._sdk_loaded = False
         self._sdk_loading: asyncio.Task[ModuleType] | None = None
@@ -101,10 +109,16 @@ class McpPool:
         if connection is not None and not connection.broken:
             return connection
         if connection is not None:
+            del self._connections[key]
             self._close_later(connection)
         self._close_idle()
+        if len(self._connections) >= self.max_connections:
+            oldest = min(self._connections, key=lambda k: self._connections[k].last_used)
+            self._close_later(self._connections.pop(oldest))
         connection = McpConnection(server, token, connect_timeout_s=self.connect_timeout_s)
         self._connections[key] = connection
+        if self._sweep is None or self._sweep.done():
+            self._sweep = asyncio.get_running_loop().create_task(self._sweeping(), name="mcp:sweep")
         return connection
 
     def _close_idle(self) -> None:
@@ -113,6 +127,13 @@ class McpPool:
             if now - connection.last_used > self.idle_s:
                 del self._connections[key]
                 self._close_later(connection)
+
+    async def _sweeping(self) -> None:
+        """Closes idle connections while any is open; ends when none is left (the next
+        connection starts it again)."""
+        while self._connections:
+            await asyncio.sleep(self.idle_s / 4)
+            self._close_idle()
 
     def _close_later(self, connection: McpConnection) -> None:
         # Closing waits for the server's answer to DELETE: not on the caller's time.
@@ -136,6 +157,8 @@ class McpPool:
     async def aclose(self) -> None:
         """Closes every connection (each owner task exits its contexts) and waits."""
         connections, self._connections = list(self._connections.values()), {}
+        if self._sweep is not None:
+            self._sweep.cancel()
         for connection in connections:
             self._close_later(connection)
         if self._closing:

@@ -388,8 +388,10 @@ type StartRunRequest struct {
 	// The immutable input of the turn. Required.
 	Snapshot *Snapshot `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// API keys by credential ref (ModelTarget.credential_ref), decrypted by the
-	// gateway for this call only. They live in memory for the run and never
-	// reach graph state, checkpoints, the event log, events, logs or spans.
+	// gateway for this call only. They live in memory for the run (a tool
+	// server's token also in its pooled MCP session, closed at most 13 minutes
+	// after its last call) and never reach graph state, checkpoints, the event
+	// log, events, logs or spans.
 	// Not part of the snapshot fingerprint. Keys and values at most 4 KiB.
 	Credentials map[string]string `protobuf:"bytes,3,rep,name=credentials,proto3" json:"credentials,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// How the run streams and behaves. Optional.

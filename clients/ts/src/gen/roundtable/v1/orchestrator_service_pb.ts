@@ -42,8 +42,10 @@ export type StartRunRequest = Message<"roundtable.v1.StartRunRequest"> & {
 
   /**
    * API keys by credential ref (ModelTarget.credential_ref), decrypted by the
-   * gateway for this call only. They live in memory for the run and never
-   * reach graph state, checkpoints, the event log, events, logs or spans.
+   * gateway for this call only. They live in memory for the run (a tool
+   * server's token also in its pooled MCP session, closed at most 13 minutes
+   * after its last call) and never reach graph state, checkpoints, the event
+   * log, events, logs or spans.
    * Not part of the snapshot fingerprint. Keys and values at most 4 KiB.
    *
    * @generated from field: map<string, string> credentials = 3;
