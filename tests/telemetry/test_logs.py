@@ -7,6 +7,7 @@ import io
 import logging
 import threading
 import time
+from unittest import mock
 
 from roundtable.telemetry.logs import BatchWriter, Deferred, StreamTeardownNoise, direct_handler
 
@@ -95,11 +96,17 @@ def test_a_deferred_record_is_written_as_the_same_line_a_logged_one_gives() -> N
     log = _logger(writer, "rt.test.deferred")
     handler = direct_handler(log, logging.INFO)
     assert handler is not None, "the writer is the logger's only consumer"
-    created = time.time()
+    created = 1700872693.238  # an instant where `created * 1000 % 1000` is off by one
     handler.defer(Deferred(log.name, logging.INFO, created, lambda: '{"a":1}'))
     writer.stop()
-    logged = logging.LogRecord(log.name, logging.INFO, "", 0, '{"a":1}', None, None)
-    logged.created, logged.msecs = created, int(created * 1000) % 1000
+    # The record logging itself makes at that instant (its clock stopped there), so the
+    # expected line does not repeat the writer's own arithmetic.
+    with (
+        mock.patch.object(time, "time", return_value=created),
+        mock.patch.object(time, "time_ns", return_value=int(created * 1e9)),
+    ):
+        logged = logging.LogRecord(log.name, logging.INFO, "", 0, '{"a":1}', None, None)
+    assert logged.created == created
     assert stream.getvalue().splitlines() == [formatter.format(logged)]
     assert stream.getvalue().split(" ", 2)[2].startswith("INFO rt.test.deferred {")
 
