@@ -140,10 +140,21 @@ async def test_an_approval_with_edited_arguments_runs_the_edit(
 ) -> None:
     reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "e1")))
     asked = (await reader.until("permission_required")).permission_required
+    await waiting_run(stub, "e1")
     edited = json.dumps({"text": "buy oat milk"})
-    await stub.ResolvePermission(
-        resolve("e1", asked.permission_request_id, APPROVE, edited_arguments_json=edited)
-    )
+    decide = resolve("e1", asked.permission_request_id, APPROVE, edited_arguments_json=edited)
+    await stub.ResolvePermission(decide)
+    assert (await stub.ResolvePermission(decide)).decision == APPROVE, "the same, answered"
+    # The same verdict with other arguments is another decision: refused, not answered OK
+    # while the first edit runs (as it was before).
+    other = json.dumps({"text": "sell the car"})
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.ResolvePermission(
+            resolve("e1", asked.permission_request_id, APPROVE, edited_arguments_json=other)
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(refused.value) == "PERMISSION_DECIDED"
+    assert "other arguments" in (refused.value.details() or "")
     (final,) = finals(await reader.end())
     assert "noted 'buy oat milk' (1)" in final.content
 

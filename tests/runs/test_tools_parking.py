@@ -1,5 +1,5 @@
 """Runs parked for approval when the process is full, when their replica lost them, and
-when a new turn of their thread arrives on another replica; decisions asked twice.
+when a new turn of their thread arrives on another replica.
 
 Over a real server (both stores, replicas on Postgres) and the test MCP server, whose
 `note` counts its executions per idempotency key.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 
 import grpc
 import pytest
@@ -60,86 +59,45 @@ async def until_running(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> N
             await asyncio.sleep(0.01)
 
 
-async def test_a_decision_that_finds_the_process_full_goes_on_once_a_place_frees(
-    start_server, mcp: McpServerProcess
+@pytest.mark.parametrize("how", ["decision", "expiry"])
+async def test_a_parked_run_that_finds_the_process_full_goes_on_once_a_place_frees(
+    start_server, mcp: McpServerProcess, how: str
 ) -> None:
+    """Its decision (or its request's expiry) comes while another run holds the process's
+    only place: it goes on by itself once that run ends (before, it stayed parked)."""
+    timeout = 1 if how == "expiry" else 0
+    request = tool_request("use note for buy milk", mcp, "full", approval_timeout_s=timeout)
     async with (
         start_server(max_runs=1) as server,
         grpc.aio.insecure_channel(server.address) as channel,
     ):
         stub = pb_grpc.OrchestratorServiceStub(channel)
-        reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "full-1")))
+        reader = Reader(stub.StartRun(request))
         asked = (await reader.until("permission_required")).permission_required
-        await waiting_run(stub, "full-1")
-        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-1"))))
-        await until_running(stub, "busy-1")
-
-        answer = await stub.ResolvePermission(
-            resolve("full-1", asked.permission_request_id, APPROVE)
-        )
-        # It goes on by itself, without another StartRun: once there is room.
-        assert answer.resumed
-        assert (await status_of(stub, "full-1")).status == pb.RUN_STATUS_AWAITING_APPROVAL
+        await waiting_run(stub, "full")
+        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy"))))
+        await until_running(stub, "busy")
+        if how == "decision":
+            answer = await stub.ResolvePermission(
+                resolve("full", asked.permission_request_id, APPROVE)
+            )
+            assert answer.resumed, "it goes on without another StartRun"
+        else:
+            await asyncio.sleep(1.1)  # the request's time runs out while busy runs
+            # Nobody can decide the expired request any more.
+            assert not (await status_of(stub, "full")).pending_permissions
+        assert (await status_of(stub, "full")).status == pb.RUN_STATUS_AWAITING_APPROVAL
         assert mcp.counts("note") == {}
         assert kinds(await busy)[-1] == "run_completed"
         events = await reader.end()
     assert kinds(events)[-1] == "run_completed"
     (final,) = finals(events)
-    assert "noted 'buy milk' (1)" in final.content
-    assert mcp.counts("note") == {sent_key("full-1", asked.permission_request_id): 1}
-
-
-async def test_an_expiry_that_finds_the_process_full_ends_the_run_once_a_place_frees(
-    start_server, mcp: McpServerProcess
-) -> None:
-    async with (
-        start_server(max_runs=1) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
-        request = tool_request("use note for buy milk", mcp, "full-2", approval_timeout_s=1)
-        reader = Reader(stub.StartRun(request))
-        await reader.until("permission_required")
-        await waiting_run(stub, "full-2")
-        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-2"))))
-        await until_running(stub, "busy-2")
-        await asyncio.sleep(1.1)  # the request's time runs out while busy-2 runs
-        run = await status_of(stub, "full-2")
-        # It still waits for room, but nobody can decide the expired request any more.
-        assert run.status == pb.RUN_STATUS_AWAITING_APPROVAL
-        assert not run.pending_permissions
-        assert kinds(await busy)[-1] == "run_completed"
-        events = await reader.end()
-    assert kinds(events)[-1] == "run_completed"
-    (final,) = finals(events)
-    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_EXPIRED]
-    assert mcp.counts("note") == {}
-
-
-async def test_a_second_approval_with_other_arguments_is_refused_not_answered_ok(
-    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
-) -> None:
-    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "edit-2")))
-    asked = (await reader.until("permission_required")).permission_required
-    await waiting_run(stub, "edit-2")
-    first = json.dumps({"text": "buy oat milk"})
-    decide = resolve("edit-2", asked.permission_request_id, APPROVE, edited_arguments_json=first)
-    await stub.ResolvePermission(decide)
-    again = await stub.ResolvePermission(decide)  # the same decision: answered the same
-    assert again.decision == APPROVE
-    other = resolve(
-        "edit-2",
-        asked.permission_request_id,
-        APPROVE,
-        edited_arguments_json=json.dumps({"text": "sell the car"}),
-    )
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await stub.ResolvePermission(other)
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert reason_of(refused.value) == "PERMISSION_DECIDED"
-    assert "other arguments" in (refused.value.details() or "")
-    (final,) = finals(await reader.end())
-    assert "noted 'buy oat milk' (1)" in final.content
+    if how == "decision":
+        assert "noted 'buy milk' (1)" in final.content
+        assert mcp.counts("note") == {sent_key("full", asked.permission_request_id): 1}
+    else:
+        assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_EXPIRED]
+        assert mcp.counts("note") == {}
 
 
 def replicas_only(store_url: str) -> None:
