@@ -312,3 +312,24 @@ def test_a_member_id_beats_another_members_name_or_alias_that_spells_it() -> Non
     for text, who in (("@kai hi", "kai"), ("@bo hi", "bo"), ("@Sam hi", "s1"), ("@lin", "lin")):
         directive = classify(replace(snap(text), members=members))
         assert directive.member_ids == (who,), text
+
+
+def test_an_id_that_is_also_a_name_lets_cjk_run_on_and_a_name_beats_an_at_all_word() -> None:
+    # The demo roster's shape (id "mei", name "Mei"): "@Mei停止" is a stop, "@Mei你好" names
+    # her; and a member called 大家长 is named by "@大家长", not taken for "@大家" (everyone).
+    members = (
+        Member(member_id="mei", display_name="Mei"),
+        Member(member_id="bob", display_name="Bob"),
+        Member(member_id="dz", display_name="大家长"),
+    )
+    for text, kind, who in (
+        ("@Mei停止", DirectiveKind.STOP, ()),
+        ("@Mei你好", DirectiveKind.MENTION, ("mei",)),
+        ("@Bob的看法呢？", DirectiveKind.MENTION, ("bob",)),
+        ("@大家长 你怎么看", DirectiveKind.MENTION, ("dz",)),
+        ("@大家长 停止", DirectiveKind.STOP, ()),
+        ("@大家好", DirectiveKind.ALL, ("mei", "bob", "dz")),
+        ("hi @大家长 and @all", DirectiveKind.ALL, ("mei", "bob", "dz")),
+    ):
+        directive = classify(replace(snap(text), members=members))
+        assert (directive.kind, directive.member_ids) == (kind, who), text

@@ -160,7 +160,10 @@ class _Name:
 def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
     """Every way to @ a member, by first character, longest first. A clash is settled the
     same way every time: a member id beats another member's name or alias (ids are the
-    unique ones), and between names and aliases the member first in the roster wins."""
+    unique ones), and between names and aliases the member first in the roster wins. A
+    text that is an id and also a name (id "mei", name "Mei") ends like a name: CJK may
+    run on after it."""
+    spelled_as_name = {fold(spelled) for m in members for spelled in (m.display_name, *m.aliases)}
     names: dict[str, _Name] = {}
     spellings = itertools.chain(
         ((m.member_id, m.member_id, True) for m in members),
@@ -173,11 +176,19 @@ def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
     for spelled, member_id, is_id in spellings:
         folded = fold(spelled)
         if folded and folded not in names:
-            names[folded] = _Name(folded, member_id, is_id)
+            names[folded] = _Name(folded, member_id, is_id and folded not in spelled_as_name)
     by_first: dict[str, list[_Name]] = {}
     for name in sorted(names.values(), key=lambda n: len(n.text), reverse=True):
         by_first.setdefault(name.text[0], []).append(name)
     return by_first
+
+
+def _name_at(text: str, start: int, names: dict[str, list[_Name]]) -> _Name | None:
+    """The longest member name `text` goes on with at `start` (just after an @), if any."""
+    for name in names.get(text[start : start + 1], ()):
+        if text.startswith(name.text, start) and name.ends_at(text, start + len(name.text)):
+            return name
+    return None
 
 
 MAX_MENTION_TOKENS = 256
@@ -198,13 +209,23 @@ def mentioned_members(snapshot: Snapshot) -> tuple[str, ...]:
     for match in itertools.islice(_MENTION_AT.finditer(text), MAX_MENTION_TOKENS):
         if len(seen) >= everyone:
             break  # everybody is named already: the rest of a long text changes nothing
-        at = match.end()
         # The longest name the text goes on with ("@Ann Lee", a name with a space, too).
-        for name in names.get(text[at : at + 1], ()):
-            if text.startswith(name.text, at) and name.ends_at(text, at + len(name.text)):
-                seen.setdefault(name.member_id, None)
-                break
+        name = _name_at(text, match.end(), names)
+        if name is not None:
+            seen.setdefault(name.member_id, None)
     return tuple(seen)
+
+
+def _addresses_everyone(text: str, members: tuple[Member, ...]) -> bool:
+    """Whether an @ of `text` is an @all word, not the start of a member's name ("@大家长"
+    names the member 大家长 where one is so called; "@大家" is everyone)."""
+    names: dict[str, list[_Name]] | None = None
+    for match in itertools.islice(_ALL.finditer(text), MAX_MENTION_TOKENS):
+        names = _names(members) if names is None else names
+        name = _name_at(text, match.start() + 1, names)
+        if name is None or len(name.text) < match.end() - match.start() - 1:
+            return True
+    return False
 
 
 def _after_leading_mentions(text: str, members: tuple[Member, ...]) -> str:
@@ -213,19 +234,16 @@ def _after_leading_mentions(text: str, members: tuple[Member, ...]) -> str:
     a name without a space, so where a name ends needs the roster)."""
     names: dict[str, list[_Name]] | None = None
     while (at := _LEADING_AT.match(text)) is not None:
-        everyone = _LEADING_ALL.match(text)
-        if everyone is not None:
-            text = text[everyone.end() :]
-            continue
         names = _names(members) if names is None else names
-        start = at.end()
-        for name in names.get(text[start : start + 1], ()):
-            end = start + len(name.text)
-            if text.startswith(name.text, start) and name.ends_at(text, end):
-                text = text[end:]
-                break
-        else:
+        # A member's name first: "@大家长" is the member 大家长 where one is so called.
+        name = _name_at(text, at.end(), names)
+        if name is not None:
+            text = text[at.end() + len(name.text) :]
+            continue
+        everyone = _LEADING_ALL.match(text)
+        if everyone is None:
             return text  # an @ of no member: the patterns take "@someone stop" as it is
+        text = text[everyone.end() :]
     return text
 
 
@@ -246,7 +264,7 @@ def classify(snapshot: Snapshot) -> Directive:
     roster = tuple(m.member_id for m in snapshot.members)
     if command and _COUNT_OFF.match(command):
         return Directive(DirectiveKind.COUNT_OFF, roster)
-    if snapshot.user_turn.mention_all or _ALL.search(text):
+    if snapshot.user_turn.mention_all or _addresses_everyone(text, snapshot.members):
         return Directive(DirectiveKind.ALL, roster)
     mentioned = mentioned_members(snapshot)
     if mentioned:
