@@ -354,7 +354,8 @@ func TestC8PermissionApproval(t *testing.T) {
 		calls[0].GetOutcome() != roundtablev1.ToolCallOutcome_TOOL_CALL_OUTCOME_OK {
 		t.Fatalf("tool calls %v", calls)
 	}
-	if n := tools.counts(t)["note"][asked.GetPermissionRequestId()]; n != 1 {
+	// The tool server sees the call's idempotency key: <tenant>/<run_id>/<request id>.
+	if n := tools.counts(t)["note"]["demo/c8/"+asked.GetPermissionRequestId()]; n != 1 {
 		t.Fatalf("note ran %d times", n)
 	}
 
@@ -399,7 +400,7 @@ func TestC8PermissionApproval(t *testing.T) {
 		finals[0].GetToolCalls()[0].GetOutcome() != roundtablev1.ToolCallOutcome_TOOL_CALL_OUTCOME_DENIED {
 		t.Fatalf("denied turn: %v %v %v", col.err, col.kinds(), finals)
 	}
-	if n := tools.counts(t)["note"][denied]; denied == "" || n != 0 {
+	if n := tools.counts(t)["note"]["demo/c8-deny/"+denied]; denied == "" || n != 0 {
 		t.Fatalf("a denied note ran %d times (%q)", n, denied)
 	}
 }

@@ -261,7 +261,8 @@ async def test_c8_permission_approval(sidecar, tool_server: ToolServer) -> None:
         assert [(c.call_id, c.tool_name, c.outcome) for c in final.tool_calls] == [
             (key, "note", events_pb2.TOOL_CALL_OUTCOME_OK)
         ]
-        assert tool_server.counts("note") == {key: 1}
+        # The tool server sees the call's idempotency key: <tenant>/<run_id>/<request id>.
+        assert tool_server.counts("note") == {f"demo/c8/{key}": 1}
 
         # (b) Decided: the same decision again answers the same; the other one, an unknown
         # request and an unknown run are typed errors.
@@ -297,4 +298,4 @@ async def test_c8_permission_approval(sidecar, tool_server: ToolServer) -> None:
         assert seen.error is None, repr(seen.error)
         (final,) = seen.finals()
         assert [c.outcome for c in final.tool_calls] == [events_pb2.TOOL_CALL_OUTCOME_DENIED]
-        assert denied and tool_server.counts("note").get(denied[0]) is None
+        assert denied and tool_server.counts("note").get(f"demo/c8-deny/{denied[0]}") is None

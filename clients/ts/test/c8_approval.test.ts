@@ -69,7 +69,8 @@ test("C8 approval: approve while the stream waits, decide again, deny", async ()
     finals[0]!.toolCalls.map((c) => [c.callId, c.toolName, c.outcome]),
     [[key, "note", ToolCallOutcome.OK]],
   );
-  assert.deepEqual(await tools.counts("note"), { [key]: 1 });
+  // The tool server sees the call's idempotency key: <tenant>/<run_id>/<request id>.
+  assert.deepEqual(await tools.counts("note"), { [`${ref.tenant}/${ref.runId}/${key}`]: 1 });
 
   // (b) Decided: the same decision again answers the same; the other one, an unknown
   // request and an unknown run are typed errors, never retried.
@@ -111,5 +112,5 @@ test("C8 approval: approve while the stream waits, decide again, deny", async ()
   assert.equal(denyFinals.length, 1);
   assert.deepEqual(denyFinals[0]!.toolCalls.map((c) => c.outcome), [ToolCallOutcome.DENIED]);
   assert.ok(denied !== "");
-  assert.equal((await tools.counts("note"))[denied], undefined);
+  assert.equal((await tools.counts("note"))[`${denyRef.tenant}/${denyRef.runId}/${denied}`], undefined);
 });
