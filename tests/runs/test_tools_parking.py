@@ -105,12 +105,15 @@ def replicas_only(store_url: str) -> None:
         pytest.skip("replicas share a Postgres store (one process owns a SQLite file)")
 
 
+@pytest.mark.parametrize("noticed_by", ["a decision", "the watch", "a cancel"])
 async def test_a_replica_that_lost_a_parked_run_leaves_it_to_the_one_that_took_it(
-    start_server, store_url: str, mcp: McpServerProcess
+    start_server, store_url: str, mcp: McpServerProcess, noticed_by: str
 ) -> None:
-    """A keeps a run parked but cannot renew its lease (its store calls fail); B takes the
-    run over at the gateway's StartRun and parks it again. A decision sent to A then must
-    not take the run back from B: B runs it, once; A's stream ends with RunOrphaned."""
+    """A keeps a run parked but cannot renew its lease (its store is unreachable for that);
+    B takes the run over at the gateway's StartRun and parks it again. A finds out, from a
+    decision sent to it, from its watch once the store answers again, or after the run
+    ended on B (cancelled there), and lets the run go: its stream ends RunOrphaned, and it
+    never writes the row back to running nor runs the call (it did both before)."""
     replicas_only(store_url)
     row = "SELECT status, owner FROM rt_runs WHERE run_id = 'lost-1'"
     request = tool_request("use note for buy milk", mcp, "lost-1")
@@ -125,9 +128,10 @@ async def test_a_replica_that_lost_a_parked_run_leaves_it_to_the_one_that_took_i
         reader_a = Reader(on_a.StartRun(request))
         asked = (await reader_a.until("permission_required")).permission_required
         await waiting_run(on_a, "lost-1")
+        renew = a.store.renew_parked
 
-        async def unreachable(*args: object, **kwargs: object) -> None:
-            return None
+        async def unreachable(*args: object, **kwargs: object) -> set[tuple[str, str]]:
+            raise ConnectionError("the store does not answer")
 
         a.store.renew_parked = unreachable  # type: ignore[method-assign]
         await asyncio.sleep(1.3)  # A's lease runs out
@@ -135,21 +139,33 @@ async def test_a_replica_that_lost_a_parked_run_leaves_it_to_the_one_that_took_i
         async with asyncio.timeout(10):
             while query(store_url, row) != [("awaiting_approval", "B")]:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
-
-        answer = await on_a.ResolvePermission(
-            resolve("lost-1", asked.permission_request_id, APPROVE)
-        )
-        assert answer.resumed, "B keeps the run and goes on with it"
-        events_b = await reader_b.end()
+        if noticed_by == "a cancel":
+            cancel = pb.CancelRunRequest(run_id="lost-1", tenant="tenant-1")
+            await on_b.CancelRun(cancel)
+            assert kinds(await reader_b.end())[-1] == "run_cancelled"
+        if noticed_by == "the watch":
+            a.store.renew_parked = renew  # type: ignore[method-assign]
+        else:
+            decision = resolve("lost-1", asked.permission_request_id, APPROVE)
+            if noticed_by == "a decision":
+                assert (await on_a.ResolvePermission(decision)).resumed, "B keeps the run"
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as late:
+                    await on_a.ResolvePermission(decision)
+                assert reason_of(late.value) == "PERMISSION_DECIDED"  # cancelled on B
         with pytest.raises(grpc.aio.AioRpcError) as orphaned:
             await reader_a.end()
+        if noticed_by == "the watch":
+            await on_b.ResolvePermission(resolve("lost-1", asked.permission_request_id, APPROVE))
+        events_b = await reader_b.end()
     assert orphaned.value.code() == grpc.StatusCode.UNAVAILABLE
     assert reason_of(orphaned.value) == "RUN_ORPHANED"
-    assert kinds(events_b)[-1] == "run_completed"
-    assert query(store_url, "SELECT status FROM rt_runs WHERE run_id = 'lost-1'") == [
-        ("succeeded",)
-    ]
-    assert mcp.counts("note") == {sent_key("lost-1", asked.permission_request_id): 1}
+    ended = "run_cancelled" if noticed_by == "a cancel" else "run_completed"
+    assert kinds(events_b)[-1] == ended
+    status = "cancelled" if noticed_by == "a cancel" else "succeeded"
+    assert query(store_url, "SELECT status FROM rt_runs WHERE run_id = 'lost-1'") == [(status,)]
+    ran = {} if noticed_by == "a cancel" else {sent_key("lost-1", asked.permission_request_id): 1}
+    assert mcp.counts("note") == ran
 
 
 async def test_a_stop_turn_on_another_replica_ends_a_run_parked_on_this_one(

@@ -228,8 +228,16 @@ class SharedCoordination:
                 return
             try:
                 if time.monotonic() - renewed >= self.lease_s / 3:
-                    await self.store.renew_parked(self.owner, self.lease_s)
+                    held = set(here)
+                    kept = await self.store.renew_parked(self.owner, self.lease_s)
                     renewed = time.monotonic()
+                    # Held here but no longer ours in the store: another replica took it
+                    # over while our renewals failed. Its wake finds that out and lets it
+                    # go (its streams here end with RunOrphaned), instead of keeping
+                    # them on a run whose events now go to another log's end.
+                    for key in held - kept:
+                        if key in here:
+                            wake(key)
                 for key in await self.store.decided_parked(self.owner):
                     if key in here:
                         wake(key)

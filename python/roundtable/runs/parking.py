@@ -26,6 +26,9 @@ from roundtable.runs.progress import Progress, cancelled_event
 from roundtable.runs.registry import LiveRegistry
 from roundtable.store.base import LeaseLost, RunRecord, RunStatus
 
+RETRY_UNPARK_S = 1.0
+"""How soon a run whose resume failed on a store error tries again."""
+
 
 class Parking:
     """Resumes, wakes and cancels the runs parked in this process."""
@@ -103,18 +106,22 @@ class Parking:
                 self._no_room[live.key] = live
                 return
             self._no_room.pop(live.key, None)
-            record, store = live.record, self.log.store
-            if not await store.acquire_lease(
-                record.tenant, record.run_id, self.coordination.owner, self.lease_s
-            ):
-                # Another replica holds it now: this one's lease ran out while it kept the
-                # run parked (its renewals failed), and a StartRun there took it over. Its
-                # row is that replica's to write; the run goes on there.
+            try:
+                resumed = await self.log.store.resume_parked(
+                    live.record, self.coordination.owner, self.lease_s
+                )
+            except BaseException:
+                # A store error (or the process stopping): it stays parked, and tries
+                # again in a second (a stopping process drops its parked runs anyway).
+                self.registry.park(live, launch, time.time() + RETRY_UNPARK_S)
+                raise
+            if not resumed:
+                # Another replica has it now: this one's lease ran out while it kept the
+                # run parked (its renewals failed), and a StartRun there took it over (and
+                # perhaps ended it). Its row and its log are that replica's to write.
                 live.lease_lost = True
                 self.registry.forget(live)
                 return
-            record.status = RunStatus.RUNNING
-            await store.update_run(record)
             self.executor.launch(
                 live, dataclasses.replace(launch, resumed=True, unparks=True, wait_for=None)
             )

@@ -113,14 +113,21 @@ class LiveRegistry:
         return self._parked.get((tenant, run_id))
 
     def unpark(self, live: LiveRun) -> Launch:
-        """Takes a parked run back among the runs executing (its decision came).
+        """Takes a parked run back among the runs executing (its decision came). A run of
+        its thread queued behind it here holds a place waiting for it to end: then it
+        goes on whatever the limits (else neither could ever go on).
 
         Raises:
             TooManyRuns: the process or the tenant runs as many runs as it may.
             KeyError: the run is not parked here.
         """
         launch = self._parked[live.key]
-        self.check_capacity(live.record.tenant)
+        waited_for = any(
+            other is not live and other.key not in self._parked and not other.done.is_set()
+            for other in self._threads.get(live.thread_key, ())
+        )
+        if not waited_for:
+            self.check_capacity(live.record.tenant)
         del self._parked[live.key]
         timer = self._timers.pop(live.key, None)
         if timer is not None:

@@ -199,6 +199,13 @@ class RunStore(ToolCallStore, Protocol):
         """Takes the run for `owner` unless another replica holds a live lease."""
         ...
 
+    async def resume_parked(self, record: RunRecord, owner: str, ttl_s: float) -> bool:
+        """Takes a run parked for approval back to running, for `owner` (`record` updated):
+        only if it still waits where this process left it (its status, its last seq) and
+        no other replica holds a live lease on it. False otherwise: another replica took it
+        over, or ended it."""
+        ...
+
     async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
         """Extends `owner`'s lease; False when the lease was lost (another replica took over)."""
         ...
@@ -231,8 +238,10 @@ class RunStore(ToolCallStore, Protocol):
         only this process uses). False when the row was not `holder`'s any more."""
         ...
 
-    async def renew_parked(self, owner: str, ttl_s: float) -> None:
-        """Extends the leases of every run `owner` keeps parked."""
+    async def renew_parked(self, owner: str, ttl_s: float) -> set[tuple[str, str]]:
+        """Extends the leases of every run `owner` keeps parked; returns their (tenant,
+        run_id): a run this process holds parked that is not among them is another
+        replica's now."""
         ...
 
     async def decided_parked(self, owner: str) -> list[tuple[str, str]]:

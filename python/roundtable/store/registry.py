@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from roundtable.store.base import RunRecord, StoredEvent
+from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.store.statements import (
     Statements,
     acquire_params,
@@ -89,6 +89,17 @@ class SqlRegistry(ABC):
         params = acquire_params(tenant, run_id, owner, ttl_s, time.time())
         return await self._write(self.sql.acquire_lease, params) == 1
 
+    async def resume_parked(self, record: RunRecord, owner: str, ttl_s: float) -> bool:
+        params = {
+            **acquire_params(record.tenant, record.run_id, owner, ttl_s, time.time()),
+            "last_seq": record.last_seq,
+        }
+        if await self._write(self.sql.resume_parked, params) != 1:
+            return False
+        record.status, record.owner = RunStatus.RUNNING, owner
+        record.lease_until, record.updated_at = params["lease_until"], params["now"]
+        return True
+
     async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:
         params = {
             "tenant": tenant,
@@ -121,9 +132,11 @@ class SqlRegistry(ABC):
         }
         return await self._write(self.sql.park_run, params) == 1
 
-    async def renew_parked(self, owner: str, ttl_s: float) -> None:
+    async def renew_parked(self, owner: str, ttl_s: float) -> set[tuple[str, str]]:
         params = {"owner": owner, "lease_until": time.time() + ttl_s}
-        await self._write(self.sql.renew_parked, params)
+        return {
+            (tenant, run_id) for tenant, run_id in await self._read(self.sql.renew_parked, params)
+        }
 
     async def decided_parked(self, owner: str) -> list[tuple[str, str]]:
         rows = await self._read(self.sql.decided_parked, {"owner": owner})

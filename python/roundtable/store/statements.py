@@ -39,6 +39,7 @@ class Statements:
     claim_continuation: str
     continued_run: str
     acquire_lease: str
+    resume_parked: str
     renew_lease: str
     finish_run: str
     request_cancel: str
@@ -103,6 +104,16 @@ _TEMPLATES = Statements(
         # a failed one only when it failed retryably (the manager checks the log).
         "AND status IN ('running','queued','cancelled','interrupted','failed','awaiting_approval')"
     ),
+    # A parked run goes on where it waits, and only there: still waiting, its log where the
+    # parking process left it (no other replica took it over and wrote on), and not under
+    # another replica's live lease. An acquire_lease would also take a run another replica
+    # ended meanwhile (cancelled, failed), and the run would go on after its end.
+    resume_parked=(
+        "UPDATE rt_runs SET status='running', owner=:owner, lease_until=:lease_until, "
+        "updated_at=:now WHERE tenant=:tenant AND run_id=:run_id "
+        "AND status='awaiting_approval' AND last_seq=:last_seq "
+        "AND (owner='' OR owner=:owner OR lease_until<:now)"
+    ),
     renew_lease=(
         "UPDATE rt_runs SET lease_until=:lease_until "
         "WHERE tenant=:tenant AND run_id=:run_id AND owner=:owner"
@@ -124,7 +135,7 @@ _TEMPLATES = Statements(
     ),
     renew_parked=(
         "UPDATE rt_runs SET lease_until=:lease_until "
-        "WHERE owner=:owner AND status='awaiting_approval'"
+        "WHERE owner=:owner AND status='awaiting_approval' RETURNING tenant, run_id"
     ),
     # The runs parked by `owner` with a decision on one of their calls, or a cancel,
     # recorded elsewhere.
