@@ -232,6 +232,8 @@ def test_help_shows_each_flag_with_its_variable_and_default() -> None:
         (["--stream-buffer-events", "0"], {}, "--stream-buffer-events: must be at least 1"),
         (["--log-level", "LOUD"], {}, "--log-level: expected DEBUG, INFO, WARNING"),
         ([], {"ROUNDTABLE_LOG_LEVEL": "debugx"}, "--log-level: expected DEBUG, INFO, WARNING"),
+        (["--lease-seconds", "nan"], {}, "--lease-seconds: not a valid float: 'nan'"),
+        ([], {"ROUNDTABLE_DEFAULT_RUN_TIMEOUT_SECONDS": "inf"}, "not a valid float: 'inf'"),
     ],
 )
 def test_a_value_no_server_could_run_with_is_refused_at_start(

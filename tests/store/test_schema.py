@@ -155,3 +155,28 @@ async def test_a_new_sqlite_file_has_the_schemas_columns_only(tmp_path: Path) ->
         assert columns == list(RUNS.column_names)
     finally:
         await store.close()
+
+
+async def test_postgres_builds_again_an_index_a_failed_concurrent_build_left_invalid() -> None:
+    # CREATE INDEX CONCURRENTLY leaves an invalid index behind when its process dies; IF NOT
+    # EXISTS alone would keep it (unused) for good.
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    valid = (
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = current_schema() AND c.relname = 'rt_runs_awaiting'"
+    )
+    try:
+        await (await PostgresRunStore.open(url)).close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE pg_index SET indisvalid = false "
+                "WHERE indexrelid = 'rt_runs_awaiting'::regclass"
+            )
+            assert conn.execute(valid).fetchall() == [(False,)]
+        await (await PostgresRunStore.open(url)).close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute(valid).fetchall() == [(True,)]
+    finally:
+        drop_schema(dsn, url)

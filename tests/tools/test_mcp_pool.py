@@ -212,6 +212,23 @@ async def test_an_idle_session_and_its_credential_go_without_another_call(
         await pool.aclose()
 
 
+async def test_a_full_pool_never_closes_a_session_a_call_is_using(mcp: McpServerProcess) -> None:
+    pool = McpPool(max_connections=1)
+    try:
+        slow = asyncio.ensure_future(
+            pool.call(call_ref(mcp, "slow", "r1/1", seconds=1), token="tok-a", timeout_s=5)
+        )
+        await asyncio.sleep(0.3)  # tok-a's session is open, its call in flight
+        other = await pool.call(
+            call_ref(mcp, "weather", "r1/2", city="x"), token="tok-b", timeout_s=5
+        )
+        assert other.text == "Sunny, 21°C in x"
+        assert not (await slow).is_error, "the busy session was not closed under its call"
+        assert repr(pool) == "McpPool(2 connections)", "past its size while both were busy"
+    finally:
+        await pool.aclose()
+
+
 async def test_a_full_pool_closes_its_least_recently_used_session(mcp: McpServerProcess) -> None:
     pool = McpPool(max_connections=2)
     try:

@@ -33,6 +33,7 @@ from roundtable.domain.errors import ThreadBusy
 from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent
 from roundtable.store.registry import SqlRegistry
 from roundtable.store.schema import (
+    INDEXES,
     TABLES,
     ColumnType,
     Dialect,
@@ -63,8 +64,10 @@ POSTGRES = Dialect(
     # IF NOT EXISTS: two replicas starting at once may both find a column missing.
     add_column="ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column}",
     # CONCURRENTLY: replicas of the earlier version go on writing rt_runs meanwhile (a plain
-    # DROP INDEX would hold the table's ACCESS EXCLUSIVE lock). The pool is autocommit, as
-    # it must be: CONCURRENTLY cannot run inside a transaction.
+    # CREATE INDEX holds the table's SHARE lock for a scan of every run, DROP INDEX its
+    # ACCESS EXCLUSIVE lock). The pool is autocommit, as it must be: CONCURRENTLY cannot
+    # run inside a transaction.
+    create_index="CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} ({columns}){where}",
     drop_index="DROP INDEX CONCURRENTLY IF EXISTS {name}",
 )
 
@@ -91,6 +94,12 @@ _END_RUN = POSTGRES.bind(
     f"INSERT INTO rt_events ({EVENT_COLUMNS}) SELECT {EVENT_VALUES} FROM finished"
 )
 
+_INVALID_INDEXES = (
+    "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = current_schema() AND NOT i.indisvalid"
+)
+
 THREAD_LOCK_TIMEOUT_S = 5.0
 """Longest wait for another replica's start of a run of the same thread."""
 
@@ -110,7 +119,12 @@ async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
         present = [row["column_name"] for row in await cursor.fetchall()]
         for statement in add_missing_columns(POSTGRES, table, present):
             await conn.execute(statement)
-    for statement in [*create_indexes(), *drop_retired_indexes(POSTGRES)]:
+    # A concurrent build that failed (the process died) leaves an invalid index that IF NOT
+    # EXISTS would keep for good: dropped first, then built again.
+    cursor = await conn.execute(_INVALID_INDEXES)
+    invalid = {row["relname"] for row in await cursor.fetchall()} & {i.name for i in INDEXES}
+    drops = [POSTGRES.drop_index.format(name=name) for name in sorted(invalid)]
+    for statement in [*drops, *create_indexes(POSTGRES), *drop_retired_indexes(POSTGRES)]:
         await conn.execute(statement)
 
 

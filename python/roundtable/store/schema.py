@@ -85,6 +85,8 @@ class Dialect:
     """Appended to a clustered table's CREATE TABLE ("" where rows have no other order)."""
     add_column: str = "ALTER TABLE {table} ADD COLUMN {column}"
     """How a missing column is added to a table an earlier version made."""
+    create_index: str = "CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns}){where}"
+    """How an index is made where it is missing."""
     drop_index: str = "DROP INDEX IF EXISTS {name}"
     """How an index an earlier version made, and this one no longer uses, is dropped."""
 
@@ -212,11 +214,15 @@ def add_missing_columns(dialect: Dialect, table: Table, present: Iterable[str]) 
     ]
 
 
-def create_indexes() -> list[str]:
-    """CREATE INDEX IF NOT EXISTS for every index (after the columns they cover exist)."""
+def create_indexes(dialect: Dialect) -> list[str]:
+    """The statements that make every missing index (after the columns they cover exist)."""
     return [
-        f"CREATE INDEX IF NOT EXISTS {i.name} ON {i.table} ({', '.join(i.columns)})"
-        + (f" WHERE {i.where}" if i.where else "")
+        dialect.create_index.format(
+            name=i.name,
+            table=i.table,
+            columns=", ".join(i.columns),
+            where=f" WHERE {i.where}" if i.where else "",
+        )
         for i in INDEXES
     ]
 

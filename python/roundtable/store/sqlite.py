@@ -160,7 +160,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         ]
         for statement in add_missing_columns(SQLITE, table, present):
             conn.execute(statement)
-    for statement in [*create_indexes(), *drop_retired_indexes(SQLITE)]:
+    for statement in [*create_indexes(SQLITE), *drop_retired_indexes(SQLITE)]:
         conn.execute(statement)
 
 

@@ -171,6 +171,8 @@ class McpConnection:
         self.server_id = server.server_id
         self.last_used = time.monotonic()
         """When a call last used it (monotonic), for closing idle connections."""
+        self.in_use = 0
+        """Calls on it now (opening it included): the pool closes only unused ones."""
         self.broken = False
         """A call found the session unusable (or it never opened): the pool opens another."""
         self._session: ClientSession | None = None
@@ -250,21 +252,26 @@ class McpConnection:
             ToolError: the call failed before the tool could answer; a tool that ran and
                 failed answers a `ToolResult` with `is_error` instead.
         """
-        session = await self.session()
-        self.last_used = time.monotonic()
+        self.in_use += 1
         try:
-            result = await session.call_tool(
-                ref.tool.name,
-                ref.arguments,
-                read_timeout_seconds=timeout_s,
-                meta=_meta(ref.key),
-            )
-        except Exception as exc:
-            error = tool_error(exc)
-            if _breaks_session(error):
-                self.broken = True
-        else:
-            return result_of(result)
+            session = await self.session()
+            self.last_used = time.monotonic()
+            try:
+                result = await session.call_tool(
+                    ref.tool.name,
+                    ref.arguments,
+                    read_timeout_seconds=timeout_s,
+                    meta=_meta(ref.key),
+                )
+            except Exception as exc:
+                error = tool_error(exc)
+                if _breaks_session(error):
+                    self.broken = True
+            else:
+                return result_of(result)
+        finally:
+            self.in_use -= 1
+            self.last_used = time.monotonic()
         raise error  # outside the handler: the SDK's exception (and its text) is not its context
 
     async def aclose(self, wait_s: float = 5.0) -> None:

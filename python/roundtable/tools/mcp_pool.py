@@ -60,8 +60,8 @@ class McpPool:
         while any is open) or when another one opens; the server forgets an idle session
         after 30 minutes anyway."""
         self.max_connections = max_connections
-        """Open connections at most: one more closes the least recently used (each
-        credential of each run's gateway user may have one)."""
+        """Open connections at most: one more closes the least recently used of those no
+        call uses (while every one is in use, the pool grows past it for the moment)."""
         self.connect_timeout_s = connect_timeout_s
         self._clock = clock
         self._connections: dict[PoolKey, McpConnection] = {}
@@ -112,8 +112,9 @@ class McpPool:
             del self._connections[key]
             self._close_later(connection)
         self._close_idle()
-        if len(self._connections) >= self.max_connections:
-            oldest = min(self._connections, key=lambda k: self._connections[k].last_used)
+        unused = [k for k, c in self._connections.items() if not c.in_use]
+        if len(self._connections) >= self.max_connections and unused:
+            oldest = min(unused, key=lambda k: self._connections[k].last_used)
             self._close_later(self._connections.pop(oldest))
         connection = McpConnection(server, token, connect_timeout_s=self.connect_timeout_s)
         self._connections[key] = connection
@@ -124,7 +125,7 @@ class McpPool:
     def _close_idle(self) -> None:
         now = self._clock()
         for key, connection in list(self._connections.items()):
-            if now - connection.last_used > self.idle_s:
+            if not connection.in_use and now - connection.last_used > self.idle_s:
                 del self._connections[key]
                 self._close_later(connection)
 
