@@ -49,12 +49,12 @@ async def status_of(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> pb.Ru
     return (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
 
 
-async def until_running(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> None:
-    """Returns once the run executes (a moment after its StartRun was sent)."""
+async def until_status(stub: pb_grpc.OrchestratorServiceStub, run_id: str, status: int) -> None:
+    """Returns once the run has `status` (a moment after its StartRun was sent)."""
     async with asyncio.timeout(10):
         while True:
             with contextlib.suppress(grpc.aio.AioRpcError):  # NOT_FOUND: not started yet
-                if (await status_of(stub, run_id)).status == pb.RUN_STATUS_RUNNING:
+                if (await status_of(stub, run_id)).status == status:
                     return
             await asyncio.sleep(0.01)
 
@@ -76,7 +76,7 @@ async def test_a_parked_run_that_finds_the_process_full_goes_on_once_a_place_fre
         asked = (await reader.until("permission_required")).permission_required
         await waiting_run(stub, "full")
         busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy"))))
-        await until_running(stub, "busy")
+        await until_status(stub, "busy", pb.RUN_STATUS_RUNNING)
         if how == "decision":
             answer = await stub.ResolvePermission(
                 resolve("full", asked.permission_request_id, APPROVE)
@@ -98,6 +98,33 @@ async def test_a_parked_run_that_finds_the_process_full_goes_on_once_a_place_fre
     else:
         assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_EXPIRED]
         assert mcp.counts("note") == {}
+
+
+async def test_a_parked_run_a_queued_run_of_its_thread_waits_for_goes_on_in_a_full_process(
+    start_server, mcp: McpServerProcess
+) -> None:
+    """At max-runs 1 the next turn of the thread (ENQUEUE) takes the only place to wait for
+    the parked run: the parked run must still go on once decided, or both wait forever."""
+    first = tool_request("use note for buy milk", mcp, "q-1")
+    second = tool_request("use weather for Rome", mcp, "q-2")
+    second.context.thread_id = first.context.thread_id
+    second.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
+    async with (
+        start_server(max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(first))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, "q-1")
+        queued = Reader(stub.StartRun(second))
+        await until_status(stub, "q-2", pb.RUN_STATUS_QUEUED)
+        await stub.ResolvePermission(resolve("q-1", asked.permission_request_id, APPROVE))
+        first_events = await reader.end(wait_s=10)
+        second_events = await queued.end(wait_s=10)
+    assert kinds(first_events)[-1] == "run_completed"
+    assert kinds(second_events)[-1] == "run_completed"
+    assert mcp.counts("note") == {sent_key("q-1", asked.permission_request_id): 1}
 
 
 def replicas_only(store_url: str) -> None:
