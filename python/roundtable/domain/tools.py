@@ -153,6 +153,21 @@ class ToolCallRecord:
     attempts: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0
+    sent_key: str = ""
+    """The idempotency key it was sent with, kept when it is marked started ("": never
+    sent, or sent by a version that kept none)."""
+
+    @property
+    def key_to_send(self) -> str:
+        """The idempotency key to send it with: the one it went with before (a call sent but
+        never answered goes again under the same key, so a deduplicating server runs it
+        once), else `idempotency_key`'s. A call an earlier version sent without keeping its
+        key went under its row key (`call_key`): it goes again under that one."""
+        if self.sent_key:
+            return self.sent_key
+        if self.status is CallStatus.STARTED:
+            return self.call_key
+        return idempotency_key(self.tenant, self.run_id, self.call_key)
 
     @property
     def arguments_to_run(self) -> str:
@@ -194,8 +209,11 @@ class ToolCallStore(Protocol):
         already (or the call needs none): the first decision wins."""
         ...
 
-    async def start_tool_call(self, tenant: str, run_id: str, call_key: str) -> None:
-        """Marks the call sent (one more attempt), before it is sent."""
+    async def start_tool_call(
+        self, tenant: str, run_id: str, call_key: str, *, sent_key: str
+    ) -> None:
+        """Marks the call sent under the idempotency key `sent_key` (one more attempt),
+        before it is sent."""
         ...
 
     async def finish_tool_call(

@@ -34,7 +34,6 @@ from roundtable.domain.tools import (
     ToolCallSummary,
     ToolOutcome,
     Verdict,
-    idempotency_key,
 )
 from roundtable.graph.context import GraphContext, Parked, ToolRuntime
 from roundtable.harness.request import CallMeta, ToolRequest
@@ -210,12 +209,14 @@ class ToolLoop:
         run = self.ctx.request.context
         snapshot: Snapshot = self.ctx.request.snapshot
         server = snapshot.tool_server(tool.server_id)
+        key = record.key_to_send
         if not tool.read_only:
             # Write-ahead: a crash after this line re-sends the call with the same key
             # (the server deduplicates on it); a read-only call is simply run again.
-            await self.runtime.store.start_tool_call(run.tenant, run.run_id, record.call_key)
+            await self.runtime.store.start_tool_call(
+                run.tenant, run.run_id, record.call_key, sent_key=key
+            )
         token = self.ctx.credentials.get(server.credential_ref) if server.credential_ref else None
-        key = idempotency_key(run.tenant, run.run_id, record.call_key)
         ref = ToolCallRef(tool=tool, server=server, arguments=arguments, key=key)
         try:
             result = await self.runtime.caller.call(

@@ -158,6 +158,7 @@ TOOL_CALLS = Table(
         Column("result_text", ColumnType.TEXT, "''"),
         Column("outcome", ColumnType.TEXT, "''"),
         Column("attempts", ColumnType.INTEGER, "0"),
+        Column("sent_key", ColumnType.TEXT, "''"),
         Column("created_at", ColumnType.REAL),
         Column("updated_at", ColumnType.REAL),
     ),

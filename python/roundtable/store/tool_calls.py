@@ -57,7 +57,8 @@ _TEMPLATES = ToolStatements(
         f"WHERE {_KEY} AND needs_approval=1 AND verdict=''"
     ),
     start=(
-        "UPDATE rt_tool_calls SET status='started', attempts=attempts+1, updated_at=:now "
+        "UPDATE rt_tool_calls SET status='started', sent_key=:sent_key, attempts=attempts+1, "
+        "updated_at=:now "
         f"WHERE {_KEY} AND status<>'finished'"
     ),
     finish=(
@@ -130,8 +131,16 @@ class SqlToolCalls:
         }
         return await self._write(self.tool_sql.decide, params) == 1
 
-    async def start_tool_call(self, tenant: str, run_id: str, call_key: str) -> None:
-        params = {"tenant": tenant, "run_id": run_id, "call_key": call_key, "now": time.time()}
+    async def start_tool_call(
+        self, tenant: str, run_id: str, call_key: str, *, sent_key: str
+    ) -> None:
+        params = {
+            "tenant": tenant,
+            "run_id": run_id,
+            "call_key": call_key,
+            "sent_key": sent_key,
+            "now": time.time(),
+        }
         await self._write(self.tool_sql.start, params)
 
     async def finish_tool_call(
