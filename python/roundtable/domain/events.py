@@ -128,7 +128,7 @@ class PermissionRequired:
     """A tool call waits for a person's decision (the run parks after it)."""
 
     permission_request_id: str
-    """The call's idempotency key, `<reply_id>/<n>`."""
+    """The call within its run, `<reply_id>/<n>` (its row key; `ToolCallRecord.call_key`)."""
     reply_id: str
     member_id: str
     step: int
