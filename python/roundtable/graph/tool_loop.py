@@ -6,8 +6,9 @@ Each call is a durable step of its reply (docs/architecture.md, "Tools"), keyed
 1. the model turn's calls are recorded before any of them runs;
 2. a call that needs approval is announced (permission_required, write-ahead) and the
    speaker parks: `Parked` ends the run's execution until a decision is recorded;
-3. a write tool's call is marked started before it is sent (with its key in the MCP
-   request's `_meta`), and every call's result is recorded before the model sees it.
+3. a write tool's call is marked started, with the idempotency key it is sent under
+   (`ToolCallRecord.key_to_send`, in the MCP request's `_meta`), before it is sent, and
+   every call's result is recorded before the model sees it.
 
 A speaker that runs again (a resume after a crash, a cancel, a decision) replays its
 recorded turns and results instead of asking the model or calling the tool again; a call
