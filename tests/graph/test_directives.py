@@ -333,3 +333,14 @@ def test_an_id_that_is_also_a_name_lets_cjk_run_on_and_a_name_beats_an_at_all_wo
     ):
         directive = classify(replace(snap(text), members=members))
         assert (directive.kind, directive.member_ids) == (kind, who), text
+    # A name shorter than the @all word it starts: the @all word, whole.
+    members = (*members, Member(member_id="da", display_name="大"))
+    everyone = ("mei", "bob", "dz", "da")
+    for text, kind, who in (
+        ("@大家停止", DirectiveKind.STOP, ()),
+        ("@大家报数", DirectiveKind.COUNT_OFF, everyone),
+        ("@大 停止", DirectiveKind.STOP, ()),
+        ("@大你好", DirectiveKind.MENTION, ("da",)),
+    ):
+        directive = classify(replace(snap(text), members=members))
+        assert (directive.kind, directive.member_ids) == (kind, who), text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import sqlite3
@@ -180,3 +181,26 @@ async def test_postgres_builds_again_an_index_a_failed_concurrent_build_left_inv
             assert conn.execute(valid).fetchall() == [(True,)]
     finally:
         drop_schema(dsn, url)
+
+
+async def test_replicas_starting_at_once_make_the_schema_one_at_a_time() -> None:
+    # Concurrent index builds on one table can wait for each other, and one replica would
+    # take the other's build in progress for a failed one's leftover.
+    dsn = postgres_dsn()
+    url = new_schema(dsn)
+    try:
+        stores = await asyncio.gather(*(PostgresRunStore.open(url) for _ in range(3)))
+        for store in stores:
+            await store.close()
+        await (await PostgresRunStore.open(url)).close()  # the lock was let go
+        with psycopg.connect(url, autocommit=True) as conn:
+            indexes = conn.execute(
+                "SELECT c.relname, i.indisvalid FROM pg_index i "
+                "JOIN pg_class c ON c.oid = i.indexrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = current_schema() AND c.relname LIKE 'rt_%'"
+            ).fetchall()
+    finally:
+        drop_schema(dsn, url)
+    assert ("rt_runs_awaiting", True) in indexes
+    assert all(valid for _, valid in indexes)

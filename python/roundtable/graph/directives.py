@@ -235,15 +235,17 @@ def _after_leading_mentions(text: str, members: tuple[Member, ...]) -> str:
     names: dict[str, list[_Name]] | None = None
     while (at := _LEADING_AT.match(text)) is not None:
         names = _names(members) if names is None else names
-        # A member's name first: "@大家长" is the member 大家长 where one is so called.
+        # The longer of a member's name and an @all word, the name when they are as long
+        # ("@大家长" is the member 大家长 where one is so called; "@大家停止" is everyone
+        # even beside a member called 大), as `_addresses_everyone` decides.
         name = _name_at(text, at.end(), names)
-        if name is not None:
-            text = text[at.end() + len(name.text) :]
-            continue
         everyone = _LEADING_ALL.match(text)
-        if everyone is None:
+        if name is not None and (everyone is None or at.end() + len(name.text) >= everyone.end()):
+            text = text[at.end() + len(name.text) :]
+        elif everyone is not None:
+            text = text[everyone.end() :]
+        else:
             return text  # an @ of no member: the patterns take "@someone stop" as it is
-        text = text[everyone.end() :]
     return text
 
 

@@ -97,8 +97,8 @@ class ToolAuditRecord:
     tool: str
     server_id: str
     call_key: str
-    """The call's idempotency key as the tool server got it, `<tenant>/<run_id>/<reply_id>/<n>`
-    (the span's gen_ai.tool.call.id): one key to find the call in both servers' logs."""
+    """The call's idempotency key as the tool server got it (`ToolCallRecord.key_to_send`,
+    the span's gen_ai.tool.call.id): one key to find the call in both servers' logs."""
     attempt: int
     status: str
     """success, error, timeout, breaker_open or cancelled (the run stopped mid-attempt)."""

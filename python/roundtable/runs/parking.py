@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ from roundtable.runs.log import EventLog
 from roundtable.runs.progress import Progress, cancelled_event
 from roundtable.runs.registry import LiveRegistry
 from roundtable.store.base import LeaseLost, RunRecord, RunStatus
+
+log = logging.getLogger(__name__)
 
 RETRY_UNPARK_S = 1.0
 """How soon a run whose resume failed on a store error tries again."""
@@ -86,9 +89,17 @@ class Parking:
 
     def wake(self, live: LiveRun) -> None:
         """Resumes a parked run in a task of its own (a timer or a watch calls this)."""
-        task = asyncio.create_task(self.unpark(live))
+        task = asyncio.create_task(self._unpark_or_log(live))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _unpark_or_log(self, live: LiveRun) -> None:
+        """`unpark`, where nobody waits for it: a store error is logged (the run stays
+        parked and tries again by itself)."""
+        try:
+            await self.unpark(live)
+        except Exception as exc:
+            log.warning("run %s could not resume: %s", live.record.run_id, type(exc).__name__)
 
     async def unpark(self, live: LiveRun) -> None:
         """Resumes a run parked here (a decision came, its expiry, or a cancel). Without room
@@ -97,9 +108,9 @@ class Parking:
         this one could not renew its lease (its streams here end with RunOrphaned, and the
         same StartRun follows it there)."""
         async with self.lock:
-            if self.registry.parked(*live.key) is None:
+            if self._closed or self.registry.parked(*live.key) is None:
                 self._no_room.pop(live.key, None)
-                return  # resumed already (two decisions at once), or ended
+                return  # resumed already (two decisions at once), ended, or stopping
             try:
                 launch = self.registry.unpark(live)
             except TooManyRuns:
@@ -111,9 +122,13 @@ class Parking:
                     live.record, self.coordination.owner, self.lease_s
                 )
             except BaseException:
-                # A store error (or the process stopping): it stays parked, and tries
-                # again in a second (a stopping process drops its parked runs anyway).
-                self.registry.park(live, launch, time.time() + RETRY_UNPARK_S)
+                if self._closed or self.registry.draining:
+                    # The process is stopping: let it go as drain lets the parked ones go
+                    # (its streams end; the same StartRun resumes it elsewhere or later).
+                    self.registry.forget(live)
+                else:
+                    # A store error: it stays parked and tries again in a second.
+                    self.registry.park(live, launch, time.time() + RETRY_UNPARK_S)
                 raise
             if not resumed:
                 # Another replica has it now: this one's lease ran out while it kept the
@@ -139,7 +154,7 @@ class Parking:
         while self._no_room and self._room_freed:
             self._room_freed = False
             for live in list(self._no_room.values()):
-                await self.unpark(live)
+                await self._unpark_or_log(live)
 
     async def cancel(self, live: LiveRun) -> None:
         """Cancels a run parked here: its waiting calls count as denied, and it goes on to

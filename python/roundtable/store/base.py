@@ -202,8 +202,9 @@ class RunStore(ToolCallStore, Protocol):
     async def resume_parked(self, record: RunRecord, owner: str, ttl_s: float) -> bool:
         """Takes a run parked for approval back to running, for `owner` (`record` updated):
         only if it still waits where this process left it (its status, its last seq) and
-        no other replica holds a live lease on it. False otherwise: another replica took it
-        over, or ended it."""
+        no other replica holds a live lease on it, or its row still says running under
+        `owner` (a resume whose commit went unanswered, a park whose write failed). False
+        otherwise: another replica took it over, or ended it."""
         ...
 
     async def renew_lease(self, tenant: str, run_id: str, owner: str, ttl_s: float) -> bool:

@@ -18,6 +18,7 @@ The tables and most statements are the ones SQLite runs too (`roundtable.store.s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -94,6 +95,10 @@ _END_RUN = POSTGRES.bind(
     f"INSERT INTO rt_events ({EVENT_COLUMNS}) SELECT {EVENT_VALUES} FROM finished"
 )
 
+_SCHEMA_LOCK_KEY = "hashtext(current_schema() || '/roundtable schema')"
+_SCHEMA_LOCK = f"SELECT pg_try_advisory_lock({_SCHEMA_LOCK_KEY}) AS held"
+_SCHEMA_UNLOCK = f"SELECT pg_advisory_unlock({_SCHEMA_LOCK_KEY})"
+
 _INVALID_INDEXES = (
     "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
     "JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -107,7 +112,25 @@ THREAD_LOCK_TIMEOUT_S = 5.0
 async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     """Creates the tables, adds the columns a table from an earlier version lacks, then the
     indexes, and drops the retired ones. Columns are looked up first, so a replica starting
-    next to running ones takes no ACCESS EXCLUSIVE lock."""
+    next to running ones takes no ACCESS EXCLUSIVE lock.
+
+    One replica at a time (a session advisory lock per schema): two concurrent index
+    builds can wait for each other, and an index another replica is building looks like
+    the invalid leftover of a failed build. The lock is polled in short statements: a
+    blocking wait would hold a snapshot, which a concurrent index build waits out.
+    """
+    while True:
+        row = await (await conn.execute(_SCHEMA_LOCK)).fetchone()
+        if row is not None and row["held"]:
+            break
+        await asyncio.sleep(0.05)
+    try:
+        await _create_schema_locked(conn)
+    finally:
+        await conn.execute(_SCHEMA_UNLOCK)
+
+
+async def _create_schema_locked(conn: psycopg.AsyncConnection[Any]) -> None:
     for statement in create_tables(POSTGRES):
         await conn.execute(statement)
     for table in TABLES:
@@ -119,8 +142,9 @@ async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
         present = [row["column_name"] for row in await cursor.fetchall()]
         for statement in add_missing_columns(POSTGRES, table, present):
             await conn.execute(statement)
-    # A concurrent build that failed (the process died) leaves an invalid index that IF NOT
-    # EXISTS would keep for good: dropped first, then built again.
+    # A concurrent build that failed (its replica died) leaves an invalid index that IF NOT
+    # EXISTS would keep for good: dropped first, then built again. Under the lock, no
+    # other replica of this version is building one now.
     cursor = await conn.execute(_INVALID_INDEXES)
     invalid = {row["relname"] for row in await cursor.fetchall()} & {i.name for i in INDEXES}
     drops = [POSTGRES.drop_index.format(name=name) for name in sorted(invalid)]

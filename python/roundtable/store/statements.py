@@ -107,12 +107,14 @@ _TEMPLATES = Statements(
     # A parked run goes on where it waits, and only there: still waiting, its log where the
     # parking process left it (no other replica took it over and wrote on), and not under
     # another replica's live lease. An acquire_lease would also take a run another replica
-    # ended meanwhile (cancelled, failed), and the run would go on after its end.
+    # ended meanwhile (cancelled, failed), and the run would go on after its end. A row
+    # still `running` under this owner is ours too: an earlier resume whose commit went
+    # unanswered, or a park whose write failed.
     resume_parked=(
         "UPDATE rt_runs SET status='running', owner=:owner, lease_until=:lease_until, "
-        "updated_at=:now WHERE tenant=:tenant AND run_id=:run_id "
-        "AND status='awaiting_approval' AND last_seq=:last_seq "
-        "AND (owner='' OR owner=:owner OR lease_until<:now)"
+        "updated_at=:now WHERE tenant=:tenant AND run_id=:run_id AND last_seq=:last_seq "
+        "AND ((status='awaiting_approval' AND (owner='' OR owner=:owner OR lease_until<:now)) "
+        "OR (status='running' AND owner=:owner))"
     ),
     renew_lease=(
         "UPDATE rt_runs SET lease_until=:lease_until "
