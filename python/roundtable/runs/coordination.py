@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Protocol
 
 from roundtable.domain.snapshot import RunRequest
@@ -36,8 +36,9 @@ Accept = Callable[[CancelMark | None], None]
 """Called with an appended event's cancel mark once the event is in the log."""
 
 
-ParkedKeys = Callable[[], Collection[tuple[str, str]]]
-"""The (tenant, run_id) of the runs this process keeps parked now."""
+ParkedKeys = Callable[[], Mapping[tuple[str, str], object]]
+"""The runs this process keeps parked now, by (tenant, run_id): each with a token of its
+park (another object once it was resumed and parked again)."""
 Wake = Callable[[tuple[str, str]], None]
 """Resumes a run this process keeps parked."""
 
@@ -228,15 +229,17 @@ class SharedCoordination:
                 return
             try:
                 if time.monotonic() - renewed >= self.lease_s / 3:
-                    held = set(here)
+                    held = dict(here)
                     kept = await self.store.renew_parked(self.owner, self.lease_s)
                     renewed = time.monotonic()
                     # Held here but no longer ours in the store: another replica took it
                     # over while our renewals failed. Its wake finds that out and lets it
                     # go (its streams here end with RunOrphaned), instead of keeping
-                    # them on a run whose events now go to another log's end.
-                    for key in held - kept:
-                        if key in here:
+                    # them on a run whose events now go to another log's end. Not a run
+                    # that went on and parked again meanwhile (its row is ours, renewed
+                    # or not by this round).
+                    for key in held.keys() - kept:
+                        if here.get(key) is held[key]:
                             wake(key)
                 for key in await self.store.decided_parked(self.owner):
                     if key in here:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, KeysView
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from roundtable.domain.errors import TooManyRuns
@@ -30,6 +31,7 @@ class LiveRegistry:
         """Each thread's live runs in this process, oldest first."""
         self._per_tenant: Counter[str] = Counter()
         self._parked: dict[tuple[str, str], Launch] = {}
+        self._parked_view = MappingProxyType(self._parked)
         """Runs waiting for a person's decision, with how they were launched (their
         credentials stay in memory, never stored): found by key, streams attached, but
         no task, no graph, and no place among the runs executing."""
@@ -103,10 +105,11 @@ class LiveRegistry:
         if self.on_wake is not None and live.key in self._parked:
             self.on_wake(live)
 
-    def parked_keys(self) -> KeysView[tuple[str, str]]:
-        """The (tenant, run_id) of the runs parked here: a live view, not a copy (the
-        parked-run watch asks for it every 0.2 s)."""
-        return self._parked.keys()
+    def parked_keys(self) -> Mapping[tuple[str, str], Launch]:
+        """The runs parked here, by (tenant, run_id), with how each was launched (a new
+        object at each park): a live, read-only view, not a copy (the parked-run watch asks
+        for it every 0.2 s)."""
+        return self._parked_view
 
     def parked(self, tenant: str, run_id: str) -> Launch | None:
         """How a parked run was launched, when this process holds it parked."""
