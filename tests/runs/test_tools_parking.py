@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -59,6 +60,22 @@ async def until_status(stub: pb_grpc.OrchestratorServiceStub, run_id: str, statu
             await asyncio.sleep(0.01)
 
 
+@contextlib.asynccontextmanager
+async def parked_in_a_full_process(
+    start_server, request: pb.StartRunRequest
+) -> AsyncIterator[tuple[pb_grpc.OrchestratorServiceStub, Reader, epb.PermissionRequired]]:
+    """A server that runs one run at a time, with `request`'s run parked on its request."""
+    async with (
+        start_server(max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, request.context.run_id)
+        yield stub, reader, asked
+
+
 @pytest.mark.parametrize("how", ["decision", "expiry"])
 async def test_a_parked_run_that_finds_the_process_full_goes_on_once_a_place_frees(
     start_server, mcp: McpServerProcess, how: str
@@ -67,14 +84,7 @@ async def test_a_parked_run_that_finds_the_process_full_goes_on_once_a_place_fre
     only place: it goes on by itself once that run ends (before, it stayed parked)."""
     timeout = 1 if how == "expiry" else 0
     request = tool_request("use note for buy milk", mcp, "full", approval_timeout_s=timeout)
-    async with (
-        start_server(max_runs=1) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
-        reader = Reader(stub.StartRun(request))
-        asked = (await reader.until("permission_required")).permission_required
-        await waiting_run(stub, "full")
+    async with parked_in_a_full_process(start_server, request) as (stub, reader, asked):
         busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy"))))
         await until_status(stub, "busy", pb.RUN_STATUS_RUNNING)
         if how == "decision":
@@ -109,14 +119,7 @@ async def test_a_parked_run_a_queued_run_of_its_thread_waits_for_goes_on_in_a_fu
     second = tool_request("use weather for Rome", mcp, "q-2")
     second.context.thread_id = first.context.thread_id
     second.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
-    async with (
-        start_server(max_runs=1) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
-        reader = Reader(stub.StartRun(first))
-        asked = (await reader.until("permission_required")).permission_required
-        await waiting_run(stub, "q-1")
+    async with parked_in_a_full_process(start_server, first) as (stub, reader, asked):
         queued = Reader(stub.StartRun(second))
         await until_status(stub, "q-2", pb.RUN_STATUS_QUEUED)
         await stub.ResolvePermission(resolve("q-1", asked.permission_request_id, APPROVE))
