@@ -105,3 +105,31 @@ def test_speakers_answering_at_once_show_each_reply_whole_as_it_is_final() -> No
         "Bo: Yo!",
         "Ann: Hello.",
     ]
+
+
+def test_a_speaker_that_first_asks_for_a_tool_gets_no_empty_line() -> None:
+    asked = epb.RunEvent(
+        permission_required=epb.PermissionRequired(
+            member_id="m", tool_name="note", arguments_json='{"text": "milk"}'
+        )
+    )
+    text = shown(started("m"), asked, delta("noted."), final("noted."))
+    assert text == '── Mei asks to run note({"text": "milk"})\nMei: noted.\n'
+
+
+async def test_asking_at_the_terminal_takes_end_of_input_for_a_no(monkeypatch) -> None:
+    # `roundtable chat --tools ... < /dev/null`: a traceback before, and the run waited.
+    from roundtable.chat import Approver
+    from roundtable.v1 import orchestrator_service_pb2 as pb
+
+    def no_terminal(prompt: str) -> str:
+        raise EOFError
+
+    asked = epb.PermissionRequired(member_id="m", tool_name="note")
+    monkeypatch.setattr("builtins.input", no_terminal)
+    assert await Approver("ask", {"m": "Mei"}).decide(asked) == (
+        pb.PERMISSION_DECISION_DENY,
+        "nobody answered",
+    )
+    monkeypatch.setattr("builtins.input", lambda prompt: "好")
+    assert await Approver("ask", {}).decide(asked) == (pb.PERMISSION_DECISION_APPROVE, "")

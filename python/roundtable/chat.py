@@ -303,7 +303,13 @@ class Approver:
             return pb.PERMISSION_DECISION_DENY, "denied by --approve never"
         who = self.names.get(asked.member_id, asked.member_id)
         prompt = f"   allow {who} to run {asked.tool_name}? [y/n] "
-        answer = await asyncio.to_thread(input, prompt)
+        try:
+            answer = await asyncio.to_thread(input, prompt)
+        except EOFError:
+            # No terminal to ask (input from a file or /dev/null): a no, said out loud,
+            # rather than a traceback that leaves the run waiting for a day.
+            print("(no answer: end of input, so no)")
+            return pb.PERMISSION_DECISION_DENY, "nobody answered"
         if answer.strip().lower() in ("y", "yes", "是", "好"):
             return pb.PERMISSION_DECISION_APPROVE, ""
         return pb.PERMISSION_DECISION_DENY, "the user said no"

@@ -32,6 +32,9 @@ class ChatRenderer:
         self._attempt = 0
         self._open = False
         """A speaker's line is started and not yet ended by its final or failure."""
+        self._label = ""
+        """The speaker's name, written when its reply's first text comes: a speaker that
+        first asks for a tool's approval gets no empty line of its own."""
 
     def __call__(self, event: epb.RunEvent) -> None:
         """Prints one event."""
@@ -62,9 +65,10 @@ class ChatRenderer:
             # the failed attempt's line.
             if self._open:
                 out.write("\n")
-            out.write(f"{names.get(s.member_id, s.member_id)}{retry}: ")
-            self._shown, self._attempt, self._open = "", 0, True
+            self._label = f"{names.get(s.member_id, s.member_id)}{retry}: "
+            self._shown, self._attempt, self._open = "", 0, False
         elif kind == "assistant_delta":
+            self._begin()
             delta = event.assistant_delta
             if self._shown and delta.attempt != self._attempt:
                 out.write("\n   (again) ")  # the model call was retried: its text starts over
@@ -73,6 +77,7 @@ class ChatRenderer:
             self._shown += delta.text
             out.write(delta.text)
         elif kind == "assistant_final":
+            self._begin()
             f = event.assistant_final
             note = " [replaced]" if f.finish_reason == epb.FINISH_REASON_REPLACED else ""
             if self._shown and f.content.startswith(self._shown):
@@ -84,6 +89,7 @@ class ChatRenderer:
             self._shown, self._open = "", False
             self._tool_calls(f)
         elif kind == "speaker_failed":
+            self._begin()
             failed = event.speaker_failed
             who = names.get(failed.member_id, failed.member_id)
             why = f" ({failed.message})" if failed.message else ""
@@ -108,6 +114,12 @@ class ChatRenderer:
         elif kind == "run_failed":
             out.write(f"── failed: {event.run_failed.code} {event.run_failed.message}\n")
         out.flush()
+
+    def _begin(self) -> None:
+        """Starts the speaker's line with its name, unless it is started already."""
+        if self._label:
+            self.out.write(self._label)
+            self._label, self._open = "", True
 
     def _tool_calls(self, final: epb.AssistantFinal) -> None:
         """One line naming the tools a reply used and how each call ended."""

@@ -492,6 +492,8 @@ async def test_a_queued_run_cancelled_ends_at_once_not_after_the_run_ahead(stub,
         pb.CancelRunRequest(run_id=f"qb-{mode}", tenant="tenant-1", mode=mode)
     )
     assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+    # "The run as it is now": ended (it said QUEUED before, while its stream ended at once).
+    assert answer.run.status == pb.RUN_STATUS_CANCELLED
     assert kinds(await collect(queued)) == ["run_started", "run_cancelled"]
     assert await get_status(stub, f"qa-{mode}") == pb.RUN_STATUS_RUNNING, "it did not wait"
     assert kinds(await collect(ahead))[-1] == "run_completed"

@@ -42,6 +42,10 @@ from roundtable.runs.replay import replay
 from roundtable.runs.threads import claim_thread
 from roundtable.store.base import ACTIVE, LEASED, RESUMABLE, RunRecord, RunStatus
 
+QUEUED_CANCEL_WAIT_S = 2.0
+"""How long CancelRun waits for a queued run it stopped to end (it does so at once: two
+events and its row), so that its answer shows the run ended."""
+
 
 @dataclass(frozen=True, slots=True)
 class CancelResult:
@@ -334,11 +338,17 @@ class RunManager:
         """
         live = self.registry.get(tenant, run_id)
         if live is not None:
+            queued = live.record.status is RunStatus.QUEUED
             live.stop.request(reason or "cancel_requested")
             if self.registry.parked(tenant, run_id) is not None:
                 await self.parking.cancel(live)
             elif immediate:
                 live.interrupt_graph()
+            if queued:
+                # A queued run ends at once (its wait stops): the answer says so.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(QUEUED_CANCEL_WAIT_S):
+                        await live.done.wait()
             return CancelResult(True, live.record, live.progress)
         record, progress = await self.describe(tenant, run_id)
         if record.status is RunStatus.AWAITING_APPROVAL:
