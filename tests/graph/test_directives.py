@@ -344,3 +344,23 @@ def test_an_id_that_is_also_a_name_lets_cjk_run_on_and_a_name_beats_an_at_all_wo
     ):
         directive = classify(replace(snap(text), members=members))
         assert (directive.kind, directive.member_ids) == (kind, who), text
+
+
+def test_one_classify_builds_the_rosters_name_table_once(monkeypatch) -> None:
+    # A leading mention, an @all word that turns out to be a name, then a mention: three
+    # steps read names; the table of 32 members' spellings is built for the first only.
+    from roundtable.graph import directives
+
+    built: list[int] = []
+    real = directives._names
+    monkeypatch.setattr(directives, "_names", lambda members: built.append(1) or real(members))
+    members = tuple(
+        Member(member_id=f"m{i}", display_name=f"Name{i}", aliases=(f"a{i}",)) for i in range(31)
+    ) + (Member(member_id="dz", display_name="大家长"),)
+    directive = classify(replace(snap("@Name3 你看 @大家长 和 @a7"), members=members))
+    assert (directive.kind, directive.member_ids) == (DirectiveKind.MENTION, ("m3", "dz", "m7"))
+    assert len(built) == 1
+    # And text that names nobody builds none.
+    built.clear()
+    assert classify(replace(snap("你们怎么看"), members=members)).kind is DirectiveKind.OPEN
+    assert built == []

@@ -183,6 +183,23 @@ def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
     return by_first
 
 
+class _Roster:
+    """The roster's `_names` table, built when a text first needs it and then kept, so one
+    `classify` builds it at most once however many of its steps read names."""
+
+    __slots__ = ("members", "_names")
+
+    def __init__(self, members: tuple[Member, ...]) -> None:
+        self.members = members
+        self._names: dict[str, list[_Name]] | None = None
+
+    @property
+    def names(self) -> dict[str, list[_Name]]:
+        if self._names is None:
+            self._names = _names(self.members)
+        return self._names
+
+
 def _name_at(text: str, start: int, names: dict[str, list[_Name]]) -> _Name | None:
     """The longest member name `text` goes on with at `start` (just after an @), if any."""
     for name in names.get(text[start : start + 1], ()):
@@ -201,44 +218,43 @@ the anchored patterns above never see more than this, whatever the user sends)."
 
 def mentioned_members(snapshot: Snapshot) -> tuple[str, ...]:
     """Members named explicitly (ids first) or by @name / @alias in the text, in order, once each."""
+    return _mentioned(snapshot, fold(snapshot.user_turn.text), _Roster(snapshot.members))
+
+
+def _mentioned(snapshot: Snapshot, text: str, roster: _Roster) -> tuple[str, ...]:
+    """`mentioned_members` of the folded `text`, with the roster's names built once."""
     seen: dict[str, None] = dict.fromkeys(snapshot.user_turn.mentions)
-    names = _names(snapshot.members)
-    text = fold(snapshot.user_turn.text)
     everyone = len(snapshot.members)
     # Only the first MAX_MENTION_TOKENS @s are read: a 32 KiB wall of "@x" costs nothing.
     for match in itertools.islice(_MENTION_AT.finditer(text), MAX_MENTION_TOKENS):
         if len(seen) >= everyone:
             break  # everybody is named already: the rest of a long text changes nothing
         # The longest name the text goes on with ("@Ann Lee", a name with a space, too).
-        name = _name_at(text, match.end(), names)
+        name = _name_at(text, match.end(), roster.names)
         if name is not None:
             seen.setdefault(name.member_id, None)
     return tuple(seen)
 
 
-def _addresses_everyone(text: str, members: tuple[Member, ...]) -> bool:
+def _addresses_everyone(text: str, roster: _Roster) -> bool:
     """Whether an @ of `text` is an @all word, not the start of a member's name ("@大家长"
     names the member 大家长 where one is so called; "@大家" is everyone)."""
-    names: dict[str, list[_Name]] | None = None
     for match in itertools.islice(_ALL.finditer(text), MAX_MENTION_TOKENS):
-        names = _names(members) if names is None else names
-        name = _name_at(text, match.start() + 1, names)
+        name = _name_at(text, match.start() + 1, roster.names)
         if name is None or len(name.text) < match.end() - match.start() - 1:
             return True
     return False
 
 
-def _after_leading_mentions(text: str, members: tuple[Member, ...]) -> str:
+def _after_leading_mentions(text: str, roster: _Roster) -> str:
     """`text` (folded) past the @mentions it opens with, of members or of everyone: "@Mei停止"
     and "@所有人请报数" are the directive that follows, as "@Mei 停止" is (CJK text runs on after
     a name without a space, so where a name ends needs the roster)."""
-    names: dict[str, list[_Name]] | None = None
     while (at := _LEADING_AT.match(text)) is not None:
-        names = _names(members) if names is None else names
         # The longer of a member's name and an @all word, the name when they are as long
         # ("@大家长" is the member 大家长 where one is so called; "@大家停止" is everyone
         # even beside a member called 大), as `_addresses_everyone` decides.
-        name = _name_at(text, at.end(), names)
+        name = _name_at(text, at.end(), roster.names)
         everyone = _LEADING_ALL.match(text)
         if name is not None and (everyone is None or at.end() + len(name.text) >= everyone.end()):
             text = text[at.end() + len(name.text) :]
@@ -253,9 +269,8 @@ def classify(snapshot: Snapshot) -> Directive:
     """Classifies the user's turn. Pure: the same snapshot always gives the same directive."""
     raw = snapshot.user_turn.text.strip()
     text = fold(raw)
-    command = (
-        _after_leading_mentions(text, snapshot.members) if len(raw) <= MAX_COMMAND_CHARS else ""
-    )
+    roster = _Roster(snapshot.members)
+    command = _after_leading_mentions(text, roster) if len(raw) <= MAX_COMMAND_CHARS else ""
     if command:
         if _STOP.match(command):
             return Directive(DirectiveKind.STOP)
@@ -263,12 +278,12 @@ def classify(snapshot: Snapshot) -> Directive:
             return Directive(DirectiveKind.CONTINUE)
     if snapshot.session.kind is SessionKind.SINGLE:
         return Directive(DirectiveKind.SINGLE, (snapshot.session.primary_member_id,))
-    roster = tuple(m.member_id for m in snapshot.members)
+    everyone = tuple(m.member_id for m in snapshot.members)
     if command and _COUNT_OFF.match(command):
-        return Directive(DirectiveKind.COUNT_OFF, roster)
-    if snapshot.user_turn.mention_all or _addresses_everyone(text, snapshot.members):
-        return Directive(DirectiveKind.ALL, roster)
-    mentioned = mentioned_members(snapshot)
+        return Directive(DirectiveKind.COUNT_OFF, everyone)
+    if snapshot.user_turn.mention_all or _addresses_everyone(text, roster):
+        return Directive(DirectiveKind.ALL, everyone)
+    mentioned = _mentioned(snapshot, text, roster)
     if mentioned:
         return Directive(DirectiveKind.MENTION, mentioned)
     return Directive(DirectiveKind.OPEN)
