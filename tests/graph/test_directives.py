@@ -354,9 +354,10 @@ def test_one_classify_builds_the_rosters_name_table_once(monkeypatch) -> None:
     built: list[int] = []
     real = directives._names
     monkeypatch.setattr(directives, "_names", lambda members: built.append(1) or real(members))
-    members = tuple(
-        Member(member_id=f"m{i}", display_name=f"Name{i}", aliases=(f"a{i}",)) for i in range(31)
-    ) + (Member(member_id="dz", display_name="大家长"),)
+    members = (
+        *(Member(member_id=f"m{i}", display_name=f"Name{i}", aliases=(f"a{i}",)) for i in range(31)),
+        Member(member_id="dz", display_name="大家长"),
+    )
     directive = classify(replace(snap("@Name3 你看 @大家长 和 @a7"), members=members))
     assert (directive.kind, directive.member_ids) == (DirectiveKind.MENTION, ("m3", "dz", "m7"))
     assert len(built) == 1

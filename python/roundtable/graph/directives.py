@@ -187,7 +187,7 @@ class _Roster:
     """The roster's `_names` table, built when a text first needs it and then kept, so one
     `classify` builds it at most once however many of its steps read names."""
 
-    __slots__ = ("members", "_names")
+    __slots__ = ("_names", "members")
 
     def __init__(self, members: tuple[Member, ...]) -> None:
         self.members = members
