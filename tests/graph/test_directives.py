@@ -355,7 +355,10 @@ def test_one_classify_builds_the_rosters_name_table_once(monkeypatch) -> None:
     real = directives._names
     monkeypatch.setattr(directives, "_names", lambda members: built.append(1) or real(members))
     members = (
-        *(Member(member_id=f"m{i}", display_name=f"Name{i}", aliases=(f"a{i}",)) for i in range(31)),
+        *(
+            Member(member_id=f"m{i}", display_name=f"Name{i}", aliases=(f"a{i}",))
+            for i in range(31)
+        ),
         Member(member_id="dz", display_name="大家长"),
     )
     directive = classify(replace(snap("@Name3 你看 @大家长 和 @a7"), members=members))
