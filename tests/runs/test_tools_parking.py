@@ -130,6 +130,46 @@ async def test_a_parked_run_a_queued_run_of_its_thread_waits_for_goes_on_in_a_fu
     assert mcp.counts("note") == {sent_key("q-1", asked.permission_request_id): 1}
 
 
+async def test_a_resume_that_meets_a_store_error_stays_parked_and_tries_again(
+    start_server, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision is recorded, but the store fails as the run's row goes back to running:
+    the decision stands (answered OK, `resumed`: the run goes on without another StartRun),
+    the run stays parked for now (the tool does not run), and it goes on by itself a
+    second later, once, without another decision or StartRun."""
+    request = tool_request("use note for buy milk", mcp, "flaky")
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, "flaky")
+        real, failures = server.store.resume_parked, []
+
+        async def fails_once(*args: object, **kwargs: object) -> bool:
+            if not failures:
+                failures.append(args)
+                raise OSError("the store went away")
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(server.store, "resume_parked", fails_once)
+        answer = await stub.ResolvePermission(
+            resolve("flaky", asked.permission_request_id, APPROVE)
+        )
+        assert answer.resumed and answer.decision == APPROVE
+        assert answer.run.status == pb.RUN_STATUS_AWAITING_APPROVAL
+        assert (await status_of(stub, "flaky")).status == pb.RUN_STATUS_AWAITING_APPROVAL
+        assert mcp.counts("note") == {}
+        events = await reader.end(wait_s=10)
+    assert len(failures) == 1
+    assert kinds(events)[-1] == "run_completed"
+    (final,) = finals(events)
+    assert "noted 'buy milk' (1)" in final.content
+    assert mcp.counts("note") == {sent_key("flaky", asked.permission_request_id): 1}
+
+
 def replicas_only(store_url: str) -> None:
     if not store_url.startswith("postgres"):
         pytest.skip("replicas share a Postgres store (one process owns a SQLite file)")

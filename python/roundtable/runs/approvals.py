@@ -12,6 +12,7 @@ the store.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from roundtable.runs.log import EventLog
 from roundtable.runs.progress import Progress
 from roundtable.runs.registry import LiveRegistry
 from roundtable.store.base import ACTIVE, RunRecord, RunStatus, RunStore
+
+log = logging.getLogger(__name__)
 
 Unpark = Callable[[LiveRun], Awaitable[None]]
 """Resumes a run this process holds parked (now, or once it has room for it)."""
@@ -114,7 +117,14 @@ class Approvals:
         keeps it (its watch of parked runs finds the decision) or it runs already."""
         if live is not None:
             if self.registry.parked(*live.key) is not None:
-                await self.unpark(live)
+                try:
+                    await self.unpark(live)
+                except Exception as exc:
+                    # The decision is recorded; a store error as the run went back to
+                    # running left it parked to try again by itself in a second (or let it
+                    # go, if the process is stopping: the same StartRun resumes it).
+                    log.warning("run %s could not resume yet: %s", live.record.run_id, exc)
+                    return self.registry.get(*live.key) is live
             # else executing here: it parks, finds the decision and goes on
             return True
         if record.status is RunStatus.AWAITING_APPROVAL:
