@@ -246,7 +246,7 @@ def _tool_harness(harness: Harness, telemetry: Telemetry) -> tuple[McpPool, Tool
     """The pool of MCP sessions (closed by the caller) and the harness every tool call goes
     through. The SDK itself loads on the first tool call, so a server whose members call
     no tools never pays for it; tool servers' breakers share the model harness's board
-    (their keys, `mcp:<server_id>`, never meet a model's)."""
+    (their keys, `mcp:<url>`, never meet a model's)."""
     pool = McpPool()
     tools = ToolHarness(
         pool, breakers=harness.breakers, tracer=telemetry.active_tracer("roundtable.tools")

@@ -8,7 +8,13 @@ import logging
 from dataclasses import fields, replace
 
 import pytest
-from roundtable.domain.errors import CircuitOpen, ModelRateLimited, ModelRejected, ModelUnavailable
+from roundtable.domain.errors import (
+    CircuitOpen,
+    ModelRateLimited,
+    ModelRejected,
+    ModelTimeout,
+    ModelUnavailable,
+)
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelRef, ModelTarget
 from roundtable.harness.breaker import BreakerBoard, BreakerState
@@ -317,3 +323,66 @@ async def test_rate_limits_do_not_open_the_breaker() -> None:
 )
 def test_a_breaker_key_names_the_server_and_never_its_credentials(base_url, key) -> None:
     assert ModelTarget(provider="fake", model="m", base_url=base_url).breaker_key == key
+
+
+class SlowProvider:
+    """A healthy server that answers in 50 ms."""
+
+    name = "fake"
+
+    async def complete(self, target, call, *, api_key, on_text) -> ChatResult:
+        await asyncio.sleep(0.05)
+        return ChatResult(text="ok", model=f"fake/{target.model}")
+
+
+async def test_timeouts_of_a_callers_own_short_deadline_do_not_open_the_breaker() -> None:
+    # Outside review: one tenant's timeout_ms=1 opened the breaker of a healthy model for
+    # every tenant. Timeouts of the server's own deadline still count.
+    policy = HarnessPolicy(
+        timeout=TimeoutPolicy(default_s=0.01),
+        retry=RetryPolicy(max_retries=0),
+        breaker=BreakerPolicy(failure_threshold=2),
+    )
+    h = Harness({"fake": SlowProvider()}, policy=policy)
+    hasty = replace(request(), ref=ModelRef(target=PRIMARY, timeout_s=0.001))
+    for _ in range(4):
+        with pytest.raises(ModelTimeout):
+            await h.call(hasty)
+    assert h.breakers.get(PRIMARY.breaker_key).state is BreakerState.CLOSED
+    for _ in range(2):  # the server's default deadline (10 ms) runs out: the target is slow
+        with pytest.raises(ModelTimeout):
+            await h.call(request())
+    assert h.breakers.get(PRIMARY.breaker_key).state is BreakerState.OPEN
+
+
+async def test_a_target_named_twice_is_tried_once_and_a_refused_target_is_no_model_call() -> None:
+    provider = FlakyProvider({"primary": [ModelUnavailable("HTTP 503")] * 3})
+    with pytest.raises(ModelUnavailable) as failed:
+        await harness(provider).call(request(PRIMARY, PRIMARY))
+    assert provider.calls == ["primary"] * 3
+    assert failed.value.attempts == 3
+    # Its breaker open, the primary is refused without a call; the backup answers: one call.
+    provider = FlakyProvider({})
+    h = Harness(
+        {"fake": provider},
+        policy=HarnessPolicy(
+            retry=RetryPolicy(max_retries=0), breaker=BreakerPolicy(failure_threshold=1)
+        ),
+    )
+    provider.script["primary"] = [ModelUnavailable("HTTP 503")]
+    with pytest.raises(ModelUnavailable):
+        await h.call(request())
+    result = await h.call(request(BACKUP))
+    assert provider.calls == ["primary", "backup"]
+    assert result.attempts == 1
+
+
+def test_the_board_forgets_idle_breakers_past_its_limit_and_keeps_the_ones_that_remember() -> None:
+    # Outside review: every target any request named kept a breaker for good.
+    board = BreakerBoard(BreakerPolicy(failure_threshold=1), max_idle=8)
+    board.get("down").on_failure(ModelUnavailable("HTTP 503"))
+    assert board.get("down").state is BreakerState.OPEN
+    for n in range(1000):
+        board.get(f"llm:fake:m@http://10.0.0.{n}/v1")
+    assert board.size <= 8
+    assert board.get("down").state is BreakerState.OPEN, "an outage is not forgotten"

@@ -244,6 +244,11 @@ async def test_a_server_down_for_json_mode_too_is_unavailable_and_not_remembered
         (503, ModelUnavailable),
         (429, ModelRateLimited),
         (400, ModelRejected),
+        (404, ModelRejected),
+        # "Not now", not "never": retried and failed over (they were final rejections).
+        (408, ModelTimeout),
+        (409, ModelUnavailable),
+        (425, ModelUnavailable),
     ],
 )
 async def test_http_errors_map_without_leaking_the_body(

@@ -24,6 +24,7 @@ from roundtable.harness.policies import (
 )
 from roundtable.harness.request import CallMeta, ToolRequest
 from roundtable.harness.tool_chain import ToolHarness
+from roundtable.harness.tool_layers import breaker_key
 from roundtable.telemetry.logs import QUIET
 from roundtable.tools.mcp_pool import McpPool
 from support.mcp_server import McpServerProcess, StartMcpServer
@@ -110,7 +111,7 @@ async def test_an_error_result_is_a_success_for_the_breaker_but_an_error_span(
     for n in range(POLICY.breaker.failure_threshold + 1):
         result = await harness.call(tool_request(call_ref(mcp, "fail", f"r/{n}")))
         assert result.is_error
-    assert harness.breakers.get("mcp:tools").state == "closed"
+    assert harness.breakers.get(breaker_key(call_ref(mcp, "fail", "").server)).state == "closed"
     assert [(line["status"], line["is_error"]) for line in audit(audited)] == [
         ("success", True)
     ] * (POLICY.breaker.failure_threshold + 1)
@@ -188,6 +189,25 @@ async def test_the_breaker_opens_after_failures_and_then_sends_nothing(
     assert mcp.counts("note") == {"r/1": 1}
 
 
+async def test_the_breaker_is_the_servers_not_the_server_ids_a_session_gives_it(
+    mcp: McpServerProcess, start_mcp_server: StartMcpServer, harness: ToolHarness
+) -> None:
+    # Outside review: two tenants' servers both called "tools" shared one breaker, so one
+    # server being down refused every call to the other.
+    mcp.fault(503, times=POLICY.breaker.failure_threshold * (POLICY.retry.max_retries + 1))
+    down = call_ref(mcp, "note", "r/1", text="x")
+    for _ in range(POLICY.breaker.failure_threshold):
+        with pytest.raises(ToolUnavailable):
+            await harness.call(tool_request(down))
+    with pytest.raises(ToolCircuitOpen):
+        await harness.call(tool_request(down))
+    async with start_mcp_server() as other:
+        up = call_ref(other, "note", "r/2", text="y")
+        assert up.server.server_id == down.server.server_id
+        assert not (await harness.call(tool_request(up))).is_error
+    assert breaker_key(down.server) == f"mcp:{mcp.url}"
+
+
 async def test_a_rejection_is_not_retried_and_does_not_open_the_breaker(
     start_mcp_server: StartMcpServer, harness: ToolHarness, audited: pytest.LogCaptureFixture
 ) -> None:
@@ -196,7 +216,7 @@ async def test_a_rejection_is_not_retried_and_does_not_open_the_breaker(
         for _ in range(POLICY.breaker.failure_threshold + 1):
             with pytest.raises(ToolRejected):
                 await harness.call(tool_request(ref, token="tok-0"))
-        assert harness.breakers.get("mcp:tools").state == "closed"
+        assert harness.breakers.get(breaker_key(ref.server)).state == "closed"
         assert {line["attempt"] for line in audit(audited)} == {1}
 
 

@@ -183,6 +183,9 @@ class ModelTimeout(ModelError):
     message = "model call timed out"
     code = "MODEL_TIMEOUT"
     retryable = True
+    callers_deadline: bool = False
+    """The attempt ran out of a time the model ref set shorter than the server's default:
+    the caller's choice, not a sign of the target's health (no breaker counts it)."""
 
 
 class ModelUnavailable(ModelError):
@@ -216,6 +219,8 @@ class CircuitOpen(ModelError):
     message = "circuit breaker open"
     code = "CIRCUIT_OPEN"
     retryable = True
+    attempts = 0
+    """The open breaker refused the call: no model call was made."""
 
 
 class InvalidModelOutput(ModelError):
@@ -241,6 +246,9 @@ class ToolTimeout(ToolError):
     message = "tool call timed out"
     code = "TOOL_TIMEOUT"
     retryable = True
+    callers_deadline: bool = False
+    """The attempt ran out of a timeout the gateway declared for the tool, shorter than the
+    server's default: not counted by the tool server's breaker (see `ModelTimeout`)."""
 
 
 class ToolUnavailable(ToolError):

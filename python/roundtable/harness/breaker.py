@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from enum import StrEnum
 
@@ -39,6 +40,11 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._probing = False
+
+    @property
+    def idle(self) -> bool:
+        """Closed, with no failure counted and no probe out: a fresh breaker is the same."""
+        return self.state is BreakerState.CLOSED and not self._failures and not self._probing
 
     def allow(self) -> bool:
         """Whether a call may go to the target now (and, half-open, claims the one probe)."""
@@ -82,8 +88,18 @@ class CircuitBreaker:
             self._listener(self.target, state)
 
 
+MAX_IDLE_BREAKERS = 1024
+"""Closed breakers kept beyond this many, least recently used first, are dropped."""
+
+
 class BreakerBoard:
-    """The breakers of the process, created on first use."""
+    """The breakers of the process, created on first use.
+
+    Requests name their targets (a model and a server URL, a tool server's URL), so the
+    board would grow with every target any tenant ever named: past `max_idle` breakers, the
+    least recently used closed ones without failures go (one comes back fresh, as it was).
+    Open, half-open and failing ones stay: forgetting them would forget an outage.
+    """
 
     def __init__(
         self,
@@ -91,18 +107,34 @@ class BreakerBoard:
         *,
         clock: Callable[[], float] = time.monotonic,
         listener: StateListener | None = None,
+        max_idle: int = MAX_IDLE_BREAKERS,
     ) -> None:
         self.policy = policy
         self._clock = clock
         self._listener = listener
-        self._breakers: dict[str, CircuitBreaker] = {}
+        self._max_idle = max_idle
+        self._breakers: OrderedDict[str, CircuitBreaker] = OrderedDict()
+
+    @property
+    def size(self) -> int:
+        """How many breakers the board keeps (not `__len__`: an empty board is no None)."""
+        return len(self._breakers)
 
     def get(self, target: str) -> CircuitBreaker:
         """The breaker of a target."""
         breaker = self._breakers.get(target)
-        if breaker is None:
-            breaker = CircuitBreaker(
-                target, self.policy, clock=self._clock, listener=self._listener
-            )
-            self._breakers[target] = breaker
+        if breaker is not None:
+            self._breakers.move_to_end(target)
+            return breaker
+        if len(self._breakers) >= self._max_idle:
+            self._drop_idle()
+        breaker = CircuitBreaker(target, self.policy, clock=self._clock, listener=self._listener)
+        self._breakers[target] = breaker
         return breaker
+
+    def _drop_idle(self) -> None:
+        """Drops the least recently used breakers that remember nothing (closed, no
+        failures, no probe), down to three quarters of the limit: one pass per many gets."""
+        excess = len(self._breakers) - self._max_idle * 3 // 4
+        for key in [k for k, b in self._breakers.items() if b.idle][:excess]:
+            del self._breakers[key]

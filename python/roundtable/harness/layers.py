@@ -29,12 +29,15 @@ class TimeoutLayer:
         self.policy = policy
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
-        seconds = request.ref.timeout_s or self.policy.default_s
+        own = request.ref.timeout_s
+        seconds = own or self.policy.default_s
         try:
             async with asyncio.timeout(seconds):
                 return await self.next(request)
         except TimeoutError:
-            raise ModelTimeout(f"no answer within {seconds:g}s") from None
+            error = ModelTimeout(f"no answer within {seconds:g}s")
+            error.callers_deadline = own is not None and own < self.policy.default_s
+            raise error from None
 
 
 class AuditLayer:
@@ -174,7 +177,9 @@ class FailoverLayer:
         self.next = next_handler
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
-        targets = (request.ref.target, *request.ref.fallbacks)
+        # A target named twice is tried once: it failed the first time (same model, server
+        # and key), and its breaker has counted that already.
+        targets = tuple(dict.fromkeys((request.ref.target, *request.ref.fallbacks)))
         restarts = _Restarts(request.on_text, request.on_restart)
         inner = request.with_attempt(
             target=request.target,

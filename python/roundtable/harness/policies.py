@@ -5,7 +5,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from roundtable.domain.errors import ModelError, ModelRateLimited, ToolError
+from roundtable.domain.errors import (
+    ModelError,
+    ModelRateLimited,
+    ModelTimeout,
+    ToolError,
+    ToolTimeout,
+)
 from roundtable.domain.flags import flag
 
 
@@ -108,7 +114,7 @@ class ToolTimeoutPolicy:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolPolicy:
     """The tool harness's policies. Retries apply to read-only tools only; the breaker is
-    per tool server (`mcp:<server_id>`)."""
+    per tool server (`mcp:<url>`, `tool_layers.breaker_key`)."""
 
     timeout: ToolTimeoutPolicy = ToolTimeoutPolicy()
     retry: RetryPolicy = RetryPolicy()
@@ -129,6 +135,10 @@ def is_system_failure(error: BaseException) -> bool:
 
     A 429 does not: it is about the caller's key or quota (one tenant's), not the server's
     health, and counting it would let one tenant's rate limit refuse every tenant's calls.
-    It is still retried and failed over (`is_transient`).
+    Nor does a timeout of a deadline the caller set shorter than the server's default
+    (`ModelTimeout.callers_deadline`): a tenant's 1 ms timeout would open the breaker of a
+    healthy model for everyone. Both are still retried and failed over (`is_transient`).
     """
+    if isinstance(error, ModelTimeout | ToolTimeout) and error.callers_deadline:
+        return False
     return is_transient(error) and not isinstance(error, ModelRateLimited)

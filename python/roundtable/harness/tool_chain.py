@@ -64,7 +64,7 @@ class ToolHarness:
         breakers: BreakerBoard | None = None,
         tracer: trace.Tracer | None = None,
     ) -> None:
-        """`breakers` may be the model harness's board (tool servers' keys are `mcp:<id>`,
+        """`breakers` may be the model harness's board (tool servers' keys are `mcp:<url>`,
         so they never meet a model target's), to share its state listener."""
         self.policy = policy or ToolPolicy()
         self.caller = caller

@@ -23,7 +23,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from roundtable.domain.errors import ToolCircuitOpen, ToolError, ToolTimeout
-from roundtable.domain.tools import ToolResult
+from roundtable.domain.snapshot import server_of
+from roundtable.domain.tools import ToolResult, ToolServer
 from roundtable.harness.audit import Auditor, ToolAuditRecord
 from roundtable.harness.breaker import BreakerBoard
 from roundtable.harness.policies import RetryPolicy, ToolTimeoutPolicy, backoff_s, is_transient
@@ -34,9 +35,12 @@ TOOL_ERROR = "tool_error"
 """The span's error.type when the tool ran and reported an error (MCP semantic conventions)."""
 
 
-def breaker_key(server_id: str) -> str:
-    """The breaker of a tool server (model targets' keys start with `llm:`)."""
-    return f"mcp:{server_id}"
+def breaker_key(server: ToolServer) -> str:
+    """The breaker of a tool server: its URL without user info or query (which may hold a
+    key; the breaker's key is also a metric label). Not the `server_id`, a name each
+    session gives its servers: two tenants' "search" servers are two servers, and one
+    being down must not refuse calls to the other (model targets' keys start `llm:`)."""
+    return f"mcp:{server_of(server.url)}"
 
 
 class ToolTimeoutLayer:
@@ -47,12 +51,15 @@ class ToolTimeoutLayer:
         self.policy = policy
 
     async def __call__(self, request: ToolRequest) -> ToolResult:
-        seconds = self.policy.seconds_for(request.ref.tool.timeout_s)
+        own = request.ref.tool.timeout_s
+        seconds = self.policy.seconds_for(own)
         try:
             async with asyncio.timeout(seconds):
                 return await self.next(request)
         except TimeoutError:
-            raise ToolTimeout(f"no answer within {seconds:g}s") from None
+            error = ToolTimeout(f"no answer within {seconds:g}s")
+            error.callers_deadline = bool(own) and seconds < self.policy.default_s
+            raise error from None
 
 
 class ToolTelemetryLayer:
@@ -182,7 +189,7 @@ class ToolBreakerLayer:
 
     async def __call__(self, request: ToolRequest) -> ToolResult:
         server_id = request.ref.server.server_id
-        breaker = self.board.get(breaker_key(server_id))
+        breaker = self.board.get(breaker_key(request.ref.server))
         if not breaker.allow():
             self.auditor.record(
                 ToolAuditRecord.of(

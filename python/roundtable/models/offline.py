@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -239,6 +240,10 @@ def iter_tokens(text: str) -> Iterator[str]:
     yield from _TOKEN.findall(text)
 
 
+MAX_OFFLINE_MODELS = 256
+"""Offline models (each with its fault counter) kept, one per target named."""
+
+
 class OfflineProvider:
     """The offline model served natively: the same answers as `OfflineChatModel`, without
     LangChain's per-chunk callback machinery (≈50 µs a token), so streaming costs only what
@@ -248,16 +253,21 @@ class OfflineProvider:
 
     def __init__(self, *, default_token_delay_s: float = 0.0) -> None:
         self._build = offline_factory(default_token_delay_s=default_token_delay_s)
-        self._models: dict[ModelTarget, OfflineChatModel] = {}
+        self._models: OrderedDict[ModelTarget, OfflineChatModel] = OrderedDict()
 
     def model_for(self, target: ModelTarget) -> OfflineChatModel:
-        """The model of a target (created on first use)."""
+        """The model of a target (created on first use; the least recently used of more
+        than MAX_OFFLINE_MODELS go, since requests name their targets)."""
         model = self._models.get(target)
-        if model is None:
-            built = self._build(target, None)
-            assert isinstance(built, OfflineChatModel)
-            model = self._models[target] = built
-        return model
+        if model is not None:
+            self._models.move_to_end(target)
+            return model
+        built = self._build(target, None)
+        assert isinstance(built, OfflineChatModel)
+        self._models[target] = built
+        if len(self._models) > MAX_OFFLINE_MODELS:
+            self._models.popitem(last=False)
+        return built
 
     async def complete(
         self, target: ModelTarget, call: ChatCall, *, api_key: str | None, on_text: TextSink | None

@@ -91,7 +91,12 @@ def map_openai_error(exc: BaseException) -> ModelError | None:
         if status == 429:
             error = ModelRateLimited(http_status(status))
             error.retry_after_s = retry_after_s(exc.response.headers)
-        elif status >= 500:
+        elif status == 408:
+            # Request Timeout: the server gave up waiting (a proxy, or a slow upload), as
+            # our own timeout would have; another attempt may get through.
+            error = ModelTimeout(http_status(status))
+        elif status >= 500 or status in (409, 425):
+            # 409 (a conflicting request in flight) and 425 (too early) say "not now".
             error = ModelUnavailable(http_status(status))
         else:
             error = ModelRejected(http_status(status))
