@@ -29,14 +29,13 @@ class TimeoutLayer:
         self.policy = policy
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
-        own = request.ref.timeout_s
-        seconds = own or self.policy.default_s
+        seconds = request.ref.timeout_s or self.policy.default_s
         try:
             async with asyncio.timeout(seconds):
                 return await self.next(request)
         except TimeoutError:
             error = ModelTimeout(f"no answer within {seconds:g}s")
-            error.callers_deadline = own is not None and own < self.policy.default_s
+            error.callers_deadline = seconds < self.policy.default_s
             raise error from None
 
 

@@ -51,14 +51,13 @@ class ToolTimeoutLayer:
         self.policy = policy
 
     async def __call__(self, request: ToolRequest) -> ToolResult:
-        own = request.ref.tool.timeout_s
-        seconds = self.policy.seconds_for(own)
+        seconds = self.policy.seconds_for(request.ref.tool.timeout_s)
         try:
             async with asyncio.timeout(seconds):
                 return await self.next(request)
         except TimeoutError:
             error = ToolTimeout(f"no answer within {seconds:g}s")
-            error.callers_deadline = bool(own) and seconds < self.policy.default_s
+            error.callers_deadline = seconds < self.policy.default_s
             raise error from None
 
 
