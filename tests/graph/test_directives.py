@@ -147,6 +147,16 @@ def test_single_chat_ignores_group_directives_but_not_stop() -> None:
         ("我来说一下：3", 3, ""),
         ("二十三号到", 23, ""),
         ("第一", 3, "holds another number"),
+        # English number words, the twin of the Chinese numerals (outside review: "One!"
+        # missed its number and was asked twice more).
+        ("One!", 1, ""),
+        ("Number one reporting!", 1, ""),
+        ("Twenty-one!", 21, ""),
+        ("thirty second", 32, ""),
+        ("The fourth, here.", 4, ""),
+        ("Two!", 3, "holds another number"),
+        ("Someone says 3", 3, ""),
+        ("Lin, number ELEVEN", 11, ""),
     ],
 )
 def test_count_off_check(reply, number, problem) -> None:
@@ -164,6 +174,22 @@ def test_memories_ranked_by_relevance_then_importance() -> None:
     assert [m.memory_id for m in chosen] == ["3", "2"]
     # Size-bounded: the 25-character memory does not fit in 20, the 17-character one does.
     assert select_memories(memories, "tea", top_k=5, max_chars=20) == [memories[1]]
+
+
+def test_chinese_function_characters_make_no_memory_relevant() -> None:
+    # The twin of the English stopwords: "我的猫在哪" shares only 我 and 在 with "我住在上海",
+    # so the more important memory wins, as "Where is my cat?" lets it in English.
+    memories = [
+        Memory(memory_id="home", content="我住在上海", importance=0.1),
+        Memory(memory_id="food", content="对花生过敏", importance=0.9),
+        Memory(memory_id="pet", content="养了一只猫", importance=0.1),
+    ]
+    assert [
+        m.memory_id for m in select_memories(memories, "我的猫在哪？", top_k=1, max_chars=99)
+    ] == ["pet"]
+    assert [
+        m.memory_id for m in select_memories(memories[:2], "我的猫在哪？", top_k=1, max_chars=99)
+    ] == ["food"]
 
 
 def test_long_or_hostile_text_is_never_a_command() -> None:
@@ -242,6 +268,10 @@ def test_every_word_for_everyone_after_an_at_is_all(word: str) -> None:
         ("@Alice你好", DirectiveKind.MENTION, ("a",)),
         ("@Alicestop", DirectiveKind.OPEN, ()),
         ("@allison hi", DirectiveKind.OPEN, ()),
+        # A hyphen or dot and a letter go on, as after a member id (outside review).
+        ("Is the @all-hands meeting today?", DirectiveKind.OPEN, ()),
+        ("@everyone-else ignore this", DirectiveKind.OPEN, ()),
+        ("@all. 你们好", DirectiveKind.ALL, ("a", "b", "c")),
         ("@Alice 停止的意思是什么", DirectiveKind.MENTION, ("a",)),
     ],
 )
@@ -266,6 +296,19 @@ def test_every_filler_around_every_directive(
     for form in _AROUND[language]:
         text = form.format(filler=filler, command=command)
         assert classify(snap(text)).kind is kind, text
+
+
+@pytest.mark.parametrize("kind", list(_COMMANDS))
+@pytest.mark.parametrize("filler", _EN)
+def test_an_english_word_meets_chinese_without_a_space_but_not_another_english_word(
+    kind: DirectiveKind, filler: str
+) -> None:
+    # Outside review: "please报数" and "ok停止" were open (while "好stop" was a stop), and
+    # "stopnow" or "continueso" were commands.
+    english, chinese = _COMMANDS[kind]
+    assert classify(snap(f"{filler}{chinese}")).kind is kind
+    assert classify(snap(f"{chinese}{filler}")).kind is kind
+    assert classify(snap(f"{english}{filler.replace(' ', '')}")).kind is DirectiveKind.OPEN
 
 
 @pytest.mark.parametrize(
@@ -368,3 +411,13 @@ def test_one_classify_builds_the_rosters_name_table_once(monkeypatch) -> None:
     built.clear()
     assert classify(replace(snap("你们怎么看"), members=members)).kind is DirectiveKind.OPEN
     assert built == []
+
+
+def test_a_wrong_count_off_is_asked_again_in_both_languages_whatever_its_problem() -> None:
+    from roundtable.graph.countoff import count_off_again
+
+    for reply in ("3 " + "and a long story " * 5, "7", "I refuse."):
+        problem = check_count_off(reply, 3)
+        assert problem
+        again = count_off_again(problem, 3)
+        assert f"That reply {problem}." in again and "请只回复你的数字 3" in again

@@ -25,8 +25,86 @@ def count_off_task(number: int, total: int) -> str:
 
 
 _CJK_NUMBER = re.compile(f"[{_CJK_DIGITS}]+")
+_EN_UNITS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+_EN_UNIT_ORDINALS = [
+    "zeroth",
+    "first",
+    "second",
+    "third",
+    "fourth",
+    "fifth",
+    "sixth",
+    "seventh",
+    "eighth",
+    "ninth",
+    "tenth",
+    "eleventh",
+    "twelfth",
+    "thirteenth",
+    "fourteenth",
+    "fifteenth",
+    "sixteenth",
+    "seventeenth",
+    "eighteenth",
+    "nineteenth",
+]
+_EN_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_EN_TEN_ORDINALS = [
+    "twentieth",
+    "thirtieth",
+    "fortieth",
+    "fiftieth",
+    "sixtieth",
+    "seventieth",
+    "eightieth",
+    "ninetieth",
+]
+_EN_VALUES = {
+    **{word: n for n, word in enumerate(_EN_UNITS)},
+    **{word: n for n, word in enumerate(_EN_UNIT_ORDINALS)},
+    **{word: 20 + 10 * n for n, word in enumerate(_EN_TENS)},
+    **{word: 20 + 10 * n for n, word in enumerate(_EN_TEN_ORDINALS)},
+}
+_EN_WORD = re.compile(r"[a-z]+")
 _ORDINAL_BEFORE = "第"
 _COUNTER_AFTER = "号位名"
+
+
+_PROBLEMS_ZH = {
+    "too long": "太长了",
+    "holds another number": "含有别的数字",
+    "misses its number": "没有说出你的数字",
+}
+"""The Chinese twin of each problem `check_count_off` names."""
+
+
+def count_off_again(problem: str, number: int) -> str:
+    """What a member is told after a wrong count-off reply, in both languages."""
+    return (
+        f"That reply {problem}. Reply with exactly your number, {number}, and nothing else. "
+        f"/ 这条回复{_PROBLEMS_ZH[problem]}。请只回复你的数字 {number}，不要说别的。"
+    )
 
 
 def _cjk_value(numeral: str) -> int | None:
@@ -56,6 +134,27 @@ def _cjk_numbers(text: str) -> list[int]:
     return found
 
 
+def _english_numbers(text: str) -> list[int]:
+    """The English number words of `text` up to 99, cardinal or ordinal ("Three!",
+    "number twenty-one", "the fourth"), as the twin of `_cjk_numbers`; whole words only
+    ("someone" holds no "one")."""
+    words = _EN_WORD.findall(text.casefold())
+    found: list[int] = []
+    index = 0
+    while index < len(words):
+        value = _EN_VALUES.get(words[index])
+        index += 1
+        if value is None:
+            continue
+        if value >= 20 and value % 10 == 0 and index < len(words):
+            ones = _EN_VALUES.get(words[index])  # "twenty-one", "thirty second"
+            if ones is not None and 0 < ones < 10:
+                value += ones
+                index += 1
+        found.append(value)
+    return found
+
+
 def check_count_off(reply: str, number: int) -> str:
     """Returns why a count-off reply is wrong, or "" when it is right."""
     text = reply.strip()
@@ -66,6 +165,7 @@ def check_count_off(reply: str, number: int) -> str:
         for n in _NUMBER.findall(text)
     ]
     found += _cjk_numbers(text)
+    found += _english_numbers(text)
     if any(n != number for n in found):
         return "holds another number"
     if number not in found:

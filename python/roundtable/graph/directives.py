@@ -41,8 +41,16 @@ FILLERS: Twins = (
 for. English words stand as words (no "also" for "so"); Chinese ones need no spaces."""
 
 
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002ffff"
+"""The characters `is_cjk` accepts, as a regex class body."""
+_ENGLISH_END = rf"(?![^\W{_CJK}])"
+"""Where an English word may end: not before a letter or digit of a word that goes on
+("stopnow" is no "stop"), but before CJK text, which needs no space ("please报数", "ok停止",
+as "好stop" and "请count off" were already)."""
+
+
 def _as_word(word: str) -> str:
-    return re.escape(word).replace(r"\ ", r"\s+") + r"\b"
+    return re.escape(word).replace(r"\ ", r"\s+") + _ENGLISH_END
 
 
 _POLITE = f"(?:{alternation(FILLERS, _as_word)})"
@@ -87,7 +95,7 @@ EVERYONE: Twins = ((("all",), ("全体成员",)), (("everyone", "everybody"), ("
 
 
 def _words(rows: Twins) -> str:
-    return alternation(rows, lambda pattern: pattern.replace(" ", r"\s+"))
+    return alternation(rows, lambda pattern: pattern.replace(" ", r"\s+") + _ENGLISH_END)
 
 
 _STOP = _directive(_words(COMMANDS[DirectiveKind.STOP]))
@@ -95,11 +103,10 @@ _CONTINUE = _directive(_words(COMMANDS[DirectiveKind.CONTINUE]))
 _COUNT_OFF = _directive(_words(COMMANDS[DirectiveKind.COUNT_OFF]))
 # An @ that starts a mention: not inside a word or an e-mail address ("bob@lin.org").
 _AT = r"(?<![\w.])@"
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002ffff"
-"""The characters `is_cjk` accepts, as a regex class body."""
-# Not followed by a letter of a word that goes on ("@allison"): CJK text runs on after it
-# without a space ("@所有人你们好", "@all请回答"), as after a member's name.
-_WORD_GOES_ON = rf"(?=[^\W{_CJK}])"
+# Not followed by a letter of a word that goes on ("@allison"), nor by a hyphen or dot and
+# one ("@all-hands", "@everyone.else": as a member id goes on after "-"): CJK text runs on
+# after it without a space ("@所有人你们好", "@all请回答"), as after a member's name.
+_WORD_GOES_ON = rf"(?=[-.]?[^\W{_CJK}])"
 _ALL = re.compile(rf"{_AT}(?:{_words(EVERYONE)})(?!{_WORD_GOES_ON})")
 _MENTION_AT = re.compile(_AT)
 _LEADING_ALL = re.compile(rf"{_EDGE}@(?:{_words(EVERYONE)})(?!{_WORD_GOES_ON})")

@@ -28,7 +28,7 @@ from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Member, ModelRef
 from roundtable.domain.tools import ToolCallSummary
 from roundtable.graph.context import GraphContext
-from roundtable.graph.countoff import check_count_off
+from roundtable.graph.countoff import check_count_off, count_off_again
 from roundtable.graph.memory_select import select_memories
 from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
@@ -188,11 +188,7 @@ async def _speak(
                 messages = (
                     *messages,
                     ChatMessage("assistant", content),
-                    ChatMessage(
-                        "user",
-                        f"That reply {problem}. Reply with exactly your number, "
-                        f"{number}, and nothing else.",
-                    ),
+                    ChatMessage("user", count_off_again(problem, number)),
                 )
                 continue
             if problem:

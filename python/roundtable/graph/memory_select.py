@@ -42,11 +42,19 @@ _STOPWORDS = frozenset(
         "your",
     ]
 )
+"""English words too common to say what a text is about."""
+_STOPWORDS_ZH = frozenset("一个这那和与跟或的地得到给在里上是我你您他她它们为同吗呢吧啊了着")
+"""Their Chinese twins, single characters (CJK text is compared character by character):
+without them "我的猫在哪" found "我住在上海" relevant through 我 and 在."""
 
 
 def terms(text: str) -> set[str]:
     """The comparable terms of a text: lower-cased words and single CJK characters."""
-    return {t for t in (w.lower() for w in _WORD.findall(text)) if t not in _STOPWORDS}
+    return {
+        t
+        for t in (w.lower() for w in _WORD.findall(text))
+        if t not in _STOPWORDS and t not in _STOPWORDS_ZH
+    }
 
 
 def select_memories(

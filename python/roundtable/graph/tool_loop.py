@@ -146,7 +146,10 @@ class ToolLoop:
         tool = self.tools.get(record.tool)
         if tool is None:
             return await self._finish(
-                record, f"No tool named {record.tool!r} is available to you.", ToolOutcome.FAILED
+                record,
+                f"No tool named {record.tool!r} is available to you. "
+                f"/ 你没有名为 {record.tool!r} 的工具可用。",
+                ToolOutcome.FAILED,
             )
         if record.needs_approval:
             record = await self._decided(record)
@@ -162,7 +165,8 @@ class ToolLoop:
         if not isinstance(arguments, dict):
             return await self._finish(
                 record,
-                "The arguments were not a JSON object; the tool did not run.",
+                "The arguments were not a JSON object; the tool did not run. "
+                "/ 参数不是 JSON 对象，工具未执行。",
                 ToolOutcome.FAILED,
             )
         return await self._execute(record, tool, arguments)
@@ -225,7 +229,9 @@ class ToolLoop:
             )
         except ToolError as exc:
             return await self._finish(
-                record, f"The tool could not be run ({exc.code}).", ToolOutcome.FAILED
+                record,
+                f"The tool could not be run ({exc.code}). / 工具无法运行（{exc.code}）。",
+                ToolOutcome.FAILED,
             )
         outcome = ToolOutcome.FAILED if result.is_error else ToolOutcome.OK
         return await self._finish(record, result.text, outcome)

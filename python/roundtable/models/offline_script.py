@@ -15,7 +15,9 @@ from roundtable.domain.words import Twins, alternation
 # The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
 # question about "number 7" that a supervisor puts in a task is no count-off.
 _NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.")
-REMEMBER: Twins = ((("please remember", "remember that", "remember:"), ("请记住", "记住")),)
+REMEMBER: Twins = (
+    (("please remember", "remember that", "remember:", "remember"), ("请记住", "记住")),
+)
 """Cues whose rest of the sentence the offline model proposes to remember ("remember that
 X" keeps X)."""
 PREFER: Twins = ((("I prefer",), ("我更喜欢",)), (("I like",), ("我喜欢",)))
