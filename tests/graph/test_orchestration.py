@@ -11,6 +11,7 @@ import grpc
 import pytest
 from roundtable.api.convert import run_request_from_proto
 from roundtable.api.limits import RequestLimits
+from roundtable.domain.errors import ModelUnavailable
 from roundtable.domain.snapshot import Budgets
 from roundtable.graph.nodes.propose_memory import (
     MAX_PROPOSALS,
@@ -248,6 +249,39 @@ async def test_supervisor_rounds_until_converged_within_budget(start_server) -> 
     assert [f.step for f in finals(events)] == [0, 1]
     completed = of_kind(events, "run_completed")[0].run_completed
     assert completed.rounds == 2 and not completed.converged
+
+
+async def test_a_later_round_the_supervisor_cannot_plan_ends_the_discussion(start_server) -> None:
+    # Outside review: round 2's fallback made the primary member answer the user's message
+    # a second time, after answering it in round 1.
+    def plan(call, schema):
+        if schema is MemoryProposals:
+            return MemoryProposals()
+        if model.schema_calls("SupervisorPlan") == 1:
+            steps = [SupervisorStep(member_id="c", task="Open.")]
+            return SupervisorPlan(steps=steps, converged=False)
+        raise ModelUnavailable("HTTP 503")
+
+    model = ScriptedProvider(reply=lambda call, attempt: "ok", plan=plan)
+    async with start_server(providers={"scripted": model}) as server:
+        events = await run(
+            server.address,
+            start_request(
+                "let's discuss",
+                primary="c",
+                default_model=model_ref("scripted", "director"),
+                budgets=spb.Budgets(max_rounds=3),
+            ),
+        )
+    plans = [e.plan_created for e in of_kind(events, "plan_created")]
+    assert [(p.round, p.source, [s.member_id for s in p.steps]) for p in plans] == [
+        (1, epb.PLAN_SOURCE_SUPERVISOR, ["c"]),
+        (2, epb.PLAN_SOURCE_FALLBACK, []),
+    ]
+    assert plans[1].fallback_reason == "supervisor_model_unavailable"
+    assert [f.member_id for f in finals(events)] == ["c"]
+    assert kinds(events)[-1] == "run_completed"
+    assert of_kind(events, "run_completed")[0].run_completed.rounds == 2
 
 
 @pytest.mark.parametrize("checkpoint", ["kept", "lost"])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from roundtable.domain import prompt_sections as sections
 from roundtable.domain.errors import ModelRejected, ModelUnavailable
-from roundtable.domain.snapshot import ModelTarget
+from roundtable.domain.snapshot import Member, ModelTarget, Session, SessionKind, Snapshot, UserTurn
 from roundtable.graph.countoff import count_off_task
 from roundtable.graph.nodes.supervisor import SupervisorPlan
+from roundtable.graph.prompts import supervisor_messages
 from roundtable.models.base import ChatCall, ChatMessage
 from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.models.offline import OfflineProvider, offline_factory
@@ -62,6 +63,27 @@ async def test_supervisor_plan_from_the_roster() -> None:
     assert [s.member_id for s in result.parsed.steps] == ["a"], (
         "whole words: 'Bo' is not in 'about'"
     )
+
+
+async def test_the_offline_supervisor_plans_no_more_steps_than_the_prompt_allows() -> None:
+    # Outside review: it always planned two, so at max_speakers 1 every open turn fell back.
+    roster = (
+        Member(member_id="a", display_name="Lin"),
+        Member(member_id="b", display_name="Bo"),
+        Member(member_id="c", display_name="Mei"),
+    )
+    snapshot = Snapshot(
+        session=Session(kind=SessionKind.GROUP, primary_member_id="a"),
+        members=roster,
+        history=(),
+        user_turn=UserTurn(text="what do you all think?"),
+    )
+    for most, planned in ((1, ["a"]), (2, ["a", "b"])):
+        messages = supervisor_messages(snapshot, [], max_steps=most, round_no=1)
+        call = ChatCall(messages=messages, schema=SupervisorPlan)
+        result = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
+        assert isinstance(result.parsed, SupervisorPlan)
+        assert [s.member_id for s in result.parsed.steps] == planned
 
 
 async def test_faults_follow_the_knobs_then_stop() -> None:

@@ -15,6 +15,8 @@ from roundtable.domain.words import Twins, alternation
 # The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
 # question about "number 7" that a supervisor puts in a task is no count-off.
 _NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.")
+# The supervisor prompt's step limit, as graph/prompts.supervisor_messages writes it.
+_MAX_STEPS = re.compile(r"^Plan at most (\d+) steps\.", re.MULTILINE)
 REMEMBER: Twins = (
     (("please remember", "remember that", "remember:", "remember"), ("请记住", "记住")),
 )
@@ -105,14 +107,15 @@ def tool_args(name: str, system: str, last_user: str, *, bad: bool) -> dict[str,
     secs = _sections(system)
     if name == sections.SUPERVISOR_PLAN_TOOL:
         roster: list[dict[str, Any]] = json.loads(secs.get(sections.ROSTER, "[]") or "[]")
-        return _plan(roster, last_user, bad=bad)
+        most = _MAX_STEPS.search(system)
+        return _plan(roster, last_user, bad=bad, max_steps=int(most.group(1)) if most else 2)
     if name == sections.MEMORY_PROPOSALS_TOOL:
         turn: dict[str, Any] = json.loads(secs.get(sections.TURN, "{}") or "{}")
         return _memories(turn)
     return {}
 
 
-def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool) -> dict[str, Any]:
+def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool, max_steps: int) -> dict[str, Any]:
     if bad:
         return {"steps": [{"member_id": "no-such-member", "task": "speak"}], "converged": True}
     lowered = text.lower()
@@ -121,6 +124,7 @@ def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool) -> dict[str, An
         for m in roster
         if any(_mentions(lowered, w) for w in [m.get("display_name", ""), *m.get("skills", [])])
     ] or roster[:2]
+    chosen = chosen[: max(1, max_steps)]  # as the prompt's "Plan at most N steps" asks
     topic = re.sub(r"\s+", " ", text).strip()[:200]
     steps = [{"member_id": m["member_id"], "task": f"Give your view on: {topic}"} for m in chosen]
     return {"steps": steps, "converged": True}

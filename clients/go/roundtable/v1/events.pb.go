@@ -166,7 +166,8 @@ const (
 	// The supervisor model made it, and it passed validation.
 	PlanSource_PLAN_SOURCE_SUPERVISOR PlanSource = 2
 	// The supervisor failed or its plan was invalid; code fell back to the
-	// mentioned members, else the primary member. See
+	// primary member in the first round, and to nobody in a later one (the
+	// discussion ends: its speakers have answered). See
 	// PlanCreated.fallback_reason.
 	PlanSource_PLAN_SOURCE_FALLBACK PlanSource = 3
 	// A continue directive took the steps an earlier run left.
@@ -871,7 +872,8 @@ type PlanStep struct {
 	// step index, so the same step always has the same reply_id: the gateway
 	// persists replies idempotently on (run_id, reply_id).
 	ReplyId string `protobuf:"bytes,3,opt,name=reply_id,json=replyId,proto3" json:"reply_id,omitempty"`
-	// What the speaker is asked to do (for a count-off, "Say your number: 3").
+	// What the speaker is asked to do (for a count-off, "Count-off (报数): you
+	// are number 3 of 4. Reply with your number, 3, and nothing else. ...").
 	Task string `protobuf:"bytes,4,opt,name=task,proto3" json:"task,omitempty"`
 	// Output tokens the speaker may use.
 	TokenBudget uint32 `protobuf:"varint,5,opt,name=token_budget,json=tokenBudget,proto3" json:"token_budget,omitempty"`
@@ -1068,7 +1070,11 @@ type AssistantDelta struct {
 	ReplyId string `protobuf:"bytes,1,opt,name=reply_id,json=replyId,proto3" json:"reply_id,omitempty"`
 	// The text, appended to the previous chunks of this reply and attempt.
 	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
-	// The attempt the chunk belongs to; a new attempt starts a new text.
+	// The text's own counter, from 1: a new value starts a new text, and the
+	// chunks of earlier values are dropped. It goes up whenever the reply's text
+	// starts over (a count-off asked again, a model call retried or failed over
+	// after it had streamed, text said beside a tool call), so it is not
+	// SpeakerStarted.attempt and may run ahead of it.
 	Attempt       uint32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1906,7 +1912,8 @@ type RunCompleted struct {
 	Usage *TokenUsage `protobuf:"bytes,2,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Whether the discussion converged (always true for deterministic plans).
 	Converged bool `protobuf:"varint,3,opt,name=converged,proto3" json:"converged,omitempty"`
-	// Supervisor rounds taken (1 for deterministic plans, 0 for a stop turn).
+	// Rounds planned (1 for deterministic plans, a stop turn's empty one
+	// included).
 	Rounds        uint32 `protobuf:"varint,4,opt,name=rounds,proto3" json:"rounds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

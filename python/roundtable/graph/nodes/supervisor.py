@@ -2,8 +2,10 @@
 
 The session's default model (no persona, nothing user-visible) returns a structured plan,
 validated against a pydantic schema and then against the snapshot. A model error or an
-invalid plan falls back, by a pure function, to the mentioned members or else the
-primary member, and `plan_created` says why.
+invalid plan in the first round falls back, by a pure function, to the primary member (an
+open discussion names nobody: a turn that does is a mention); in a later round, whose
+speakers have answered already, it ends the discussion with an empty round. Either way
+`plan_created` says why.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id
 from roundtable.domain.snapshot import Snapshot
 from roundtable.graph.concurrency import by_marker
 from roundtable.graph.context import Drained, GraphContext
-from roundtable.graph.directives import mentioned_members
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import supervisor_messages
 from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict
@@ -78,9 +79,11 @@ def check_plan(plan: SupervisorPlan, snapshot: Snapshot, *, speakers_left: int) 
     return ""
 
 
-def fallback_members(snapshot: Snapshot) -> tuple[str, ...]:
-    """Who speaks when the supervisor cannot plan: the mentioned members, else the primary."""
-    return mentioned_members(snapshot) or (snapshot.session.primary_member_id,)
+def fallback_members(snapshot: Snapshot, round_no: int) -> tuple[str, ...]:
+    """Who speaks when the supervisor cannot plan: in the first round the primary member,
+    who answers the message; in a later one nobody (outside review: the primary member
+    answered the same message again, after answering it in round one)."""
+    return (snapshot.session.primary_member_id,) if round_no == 1 else ()
 
 
 async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -> ConversationState:
@@ -115,7 +118,7 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
     else:
         source = PlanSource.FALLBACK
         task = "Answer the user's latest message."
-        members = fallback_members(snapshot)[: max(1, speakers_left)]
+        members = fallback_members(snapshot, round_no)[: max(1, speakers_left)]
         chosen = [(m, task, budgets.max_output_tokens) for m in members]
         builds_on = [False] * len(chosen)  # the fallback's speakers are independent
         converged = True

@@ -301,7 +301,8 @@ export type PlanStep = Message<"roundtable.v1.PlanStep"> & {
   replyId: string;
 
   /**
-   * What the speaker is asked to do (for a count-off, "Say your number: 3").
+   * What the speaker is asked to do (for a count-off, "Count-off (报数): you
+   * are number 3 of 4. Reply with your number, 3, and nothing else. ...").
    *
    * @generated from field: string task = 4;
    */
@@ -423,7 +424,11 @@ export type AssistantDelta = Message<"roundtable.v1.AssistantDelta"> & {
   text: string;
 
   /**
-   * The attempt the chunk belongs to; a new attempt starts a new text.
+   * The text's own counter, from 1: a new value starts a new text, and the
+   * chunks of earlier values are dropped. It goes up whenever the reply's text
+   * starts over (a count-off asked again, a model call retried or failed over
+   * after it had streamed, text said beside a tool call), so it is not
+   * SpeakerStarted.attempt and may run ahead of it.
    *
    * @generated from field: uint32 attempt = 3;
    */
@@ -942,7 +947,8 @@ export type RunCompleted = Message<"roundtable.v1.RunCompleted"> & {
   converged: boolean;
 
   /**
-   * Supervisor rounds taken (1 for deterministic plans, 0 for a stop turn).
+   * Rounds planned (1 for deterministic plans, a stop turn's empty one
+   * included).
    *
    * @generated from field: uint32 rounds = 4;
    */
@@ -1137,7 +1143,8 @@ export enum PlanSource {
 
   /**
    * The supervisor failed or its plan was invalid; code fell back to the
-   * mentioned members, else the primary member. See
+   * primary member in the first round, and to nobody in a later one (the
+   * discussion ends: its speakers have answered). See
    * PlanCreated.fallback_reason.
    *
    * @generated from enum value: PLAN_SOURCE_FALLBACK = 3;
