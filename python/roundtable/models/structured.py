@@ -24,7 +24,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -175,22 +177,42 @@ def parse_answer(text: str, schema: type[BaseModel], form: StructuredForm) -> Ba
         ) from None
 
 
-class SchemaRefusals:
-    """The targets whose server refused a JSON schema, so that their later structured calls
-    use JSON mode at once instead of being refused each time. Bounded (oldest forgotten),
-    per provider instance, in memory only."""
+REFUSAL_TTL_S = 600.0
+"""How long a refusal is believed: a server that answered a 5xx once (busy, restarting)
+and then took JSON mode was perhaps not refusing the schema at all."""
 
-    def __init__(self, capacity: int = 256) -> None:
-        self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+class SchemaRefusals:
+    """The targets whose server refused a JSON schema (or another form of request), so
+    that their later calls use the fallback form at once instead of being refused each
+    time. Bounded (oldest forgotten), per provider instance, in memory only, and for
+    `ttl_s` after the last refusal: then the target is asked the first way again."""
+
+    def __init__(
+        self,
+        capacity: int = 256,
+        *,
+        ttl_s: float = REFUSAL_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._seen: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
         self._capacity = capacity
+        self._ttl_s = ttl_s
+        self._clock = clock
 
     def reason(self, base_url: str, model: str) -> str:
-        """Why this target gets JSON mode ("" when it has not refused a schema)."""
-        return self._seen.get((base_url, model), "")
+        """Why this target gets the fallback form ("" when it has not refused lately)."""
+        seen = self._seen.get((base_url, model))
+        if seen is None:
+            return ""
+        if self._clock() >= seen[1]:
+            del self._seen[(base_url, model)]
+            return ""
+        return seen[0]
 
     def remember(self, base_url: str, model: str, reason: str) -> None:
-        """Records that the target refused the schema, and the error it answered."""
-        self._seen[(base_url, model)] = reason
+        """Records that the target refused the request, and the error it answered."""
+        self._seen[(base_url, model)] = (reason, self._clock() + self._ttl_s)
         self._seen.move_to_end((base_url, model))
         while len(self._seen) > self._capacity:
             self._seen.popitem(last=False)
