@@ -386,3 +386,21 @@ def test_the_board_forgets_idle_breakers_past_its_limit_and_keeps_the_ones_that_
         board.get(f"llm:fake:m@http://10.0.0.{n}/v1")
     assert board.size <= 8
     assert board.get("down").state is BreakerState.OPEN, "an outage is not forgotten"
+
+
+def test_a_call_let_through_before_the_breaker_opened_does_not_free_the_probes_slot() -> None:
+    # Outside review: a call admitted while closed, failing once the breaker was half-open,
+    # freed the probe's slot while the probe still ran, so a second probe went through.
+    now = [0.0]
+    board = BreakerBoard(BreakerPolicy(failure_threshold=1, cooldown_s=30.0), clock=lambda: now[0])
+    breaker = board.get("t")
+    assert breaker.allow() and not breaker.probing  # the stale call, admitted while closed
+    breaker.on_failure(ModelUnavailable("HTTP 503"))  # another call opens it
+    assert breaker.state is BreakerState.OPEN
+    now[0] = 31.0
+    assert breaker.allow() and breaker.probing  # the probe
+    breaker.on_failure(ModelUnavailable("HTTP 503"), probe=False)  # the stale call ends
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert not breaker.allow(), "one probe at a time"
+    breaker.on_success()
+    assert breaker.state is BreakerState.CLOSED

@@ -65,8 +65,18 @@ class CircuitBreaker:
         if self.state is not BreakerState.CLOSED:
             self._set(BreakerState.CLOSED)
 
-    def on_failure(self, error: BaseException) -> None:
-        """A call failed; only system failures count towards opening."""
+    @property
+    def probing(self) -> bool:
+        """Half-open with its probe out: read right after `allow()`, whether that call is
+        the probe (the only call a half-open breaker lets through)."""
+        return self.state is BreakerState.HALF_OPEN and self._probing
+
+    def on_failure(self, error: BaseException, *, probe: bool = False) -> None:
+        """A call failed; only system failures count towards opening. A call let through
+        before the breaker opened that fails after (`probe` False while not closed) tells
+        nothing new: it neither frees the probe's slot nor opens the breaker again."""
+        if self.state is not BreakerState.CLOSED and not probe:
+            return
         self._probing_done()
         if not is_system_failure(error):
             return
@@ -75,9 +85,10 @@ class CircuitBreaker:
             self._opened_at = self._clock()
             self._set(BreakerState.OPEN)
 
-    def on_abandon(self) -> None:
-        """The call was cancelled: neither success nor failure, but the probe slot is free."""
-        self._probing_done()
+    def on_abandon(self, *, probe: bool = False) -> None:
+        """The call was cancelled: neither success nor failure; a probe's slot is free."""
+        if probe or self.state is BreakerState.CLOSED:
+            self._probing_done()
 
     def _probing_done(self) -> None:
         self._probing = False

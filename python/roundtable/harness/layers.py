@@ -134,13 +134,14 @@ class BreakerLayer:
         if not breaker.allow():
             self.auditor.record(AuditRecord.of(request, "breaker_open", time.perf_counter()))
             raise CircuitOpen(target.name)
+        probe = breaker.probing
         try:
             result = await self.next(request)
         except ModelError as exc:
-            breaker.on_failure(exc)
+            breaker.on_failure(exc, probe=probe)
             raise
         except BaseException:
-            breaker.on_abandon()
+            breaker.on_abandon(probe=probe)
             raise
         breaker.on_success()
         return result

@@ -196,13 +196,14 @@ class ToolBreakerLayer:
                 )
             )
             raise ToolCircuitOpen(server_id)
+        probe = breaker.probing
         try:
             result = await self.next(request)
         except ToolError as exc:
-            breaker.on_failure(exc)
+            breaker.on_failure(exc, probe=probe)
             raise
         except BaseException:
-            breaker.on_abandon()
+            breaker.on_abandon(probe=probe)
             raise
         breaker.on_success()
         return result
