@@ -16,6 +16,7 @@ from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
+from support.approvals import reason_of
 from support.builders import (
     collect,
     finals,
@@ -99,6 +100,20 @@ async def test_graceful_cancel_finishes_the_speaker_then_continue_resumes(stub) 
     assert [f.reply_id for f in finals(more)] == ["grace-1#2", "grace-1#3"]
     assert [f.member_id for f in finals(more)] == ["c", "d"]
     assert await get_status(stub, "grace-1") == pb.RUN_STATUS_CONTINUED
+    # Its run_cancelled says "send the same StartRun": that, or a StreamRun, now replays its
+    # log and says it was continued (outside testing: both ended OK, so a gateway following
+    # the advice got the cancel again, never told the run could not go on).
+    for call in (
+        stub.StartRun(request),
+        stub.StreamRun(pb.StreamRunRequest(run_id="grace-1", tenant="tenant-1")),
+    ):
+        replayed: list[epb.RunEvent] = []
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for event in call:
+                replayed.append(event.event)
+        assert ended.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert reason_of(ended.value) == "RUN_CONTINUED"
+        assert kinds(replayed)[-1] == "run_cancelled"
     earlier = await stub.GetRun(pb.GetRunRequest(run_id="grace-1", tenant="tenant-1"))
     assert earlier.run.continued_by_run_id == "grace-2"
     # It cannot be continued twice: the next continue finds nothing.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roundtable.domain.errors import RunContinued, RunOrphaned, StreamGap
-from roundtable.domain.events import Envelope, RunFailed
+from roundtable.domain.events import Envelope, RunCancelled, RunFailed
 from roundtable.runs.live import Subscription
 from roundtable.runs.log import EventLog
 from roundtable.store.base import RunRecord, RunStatus
@@ -37,15 +37,19 @@ def stored_stream(record: RunRecord, events: list[Envelope], last: Envelope | No
     shared store, before any replica resumed the run) does not end OK, which a gateway
     would take for the run's end: it ends UNAVAILABLE (RunOrphaned: send the same
     StartRun, which resumes it). A run a later run continued ends FAILED_PRECONDITION
-    (RunContinued) when its log does not end for good: no terminal event, or a retryable
-    run_failed, which would have the gateway send a StartRun that can only replay it.
+    (RunContinued) when its log does not end for good: no terminal event, a retryable
+    run_failed or a run_cancelled (both say "send the same StartRun"), which would have
+    the gateway send a StartRun that can only replay it.
     `events` are what the stream gives; `last` is the log's last event.
     """
     sub = Subscription(events, ended=True)
     log_ends = last is not None and last.terminal
     if record.status is RunStatus.CONTINUED:
-        retryable = last is not None and isinstance(last.event, RunFailed) and last.event.retryable
-        if not log_ends or retryable:
+        resumable = last is not None and (
+            isinstance(last.event, RunCancelled)
+            or (isinstance(last.event, RunFailed) and last.event.retryable)
+        )
+        if not log_ends or resumable:
             sub.error = RunContinued(f"run {record.run_id!r} by run {record.continued_by!r}")
     elif not log_ends:
         sub.error = RunOrphaned(record.run_id)
