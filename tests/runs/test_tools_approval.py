@@ -181,8 +181,11 @@ async def test_cancel_while_waiting_ends_the_run_and_the_call_never_runs(
 ) -> None:
     reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "c1")))
     asked = (await reader.until("permission_required")).permission_required
+    await waiting_run(stub, "c1")
     cancel = await stub.CancelRun(pb.CancelRunRequest(run_id="c1", tenant="tenant-1"))
     assert cancel.outcome == pb.CANCEL_OUTCOME_REQUESTED
+    # The answer shows the run ended (outside testing: it said RUNNING).
+    assert cancel.run.status == pb.RUN_STATUS_CANCELLED
     events = await reader.end()
     assert kinds(events)[-1] == "run_cancelled"
     assert mcp.counts("note") == {}

@@ -43,8 +43,9 @@ from roundtable.runs.threads import claim_thread
 from roundtable.store.base import ACTIVE, LEASED, RESUMABLE, RunRecord, RunStatus
 
 QUEUED_CANCEL_WAIT_S = 2.0
-"""How long CancelRun waits for a queued run it stopped to end (it does so at once: two
-events and its row), so that its answer shows the run ended."""
+"""How long CancelRun waits for a queued or parked run it stopped to end (it does so at
+once: a queued run writes two events and its row, a parked one goes on to its
+run_cancelled where it waits), so that its answer shows the run ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,13 +340,15 @@ class RunManager:
         live = self.registry.get(tenant, run_id)
         if live is not None:
             queued = live.record.status is RunStatus.QUEUED
+            parked = self.registry.parked(tenant, run_id) is not None
             live.stop.request(reason or "cancel_requested")
-            if self.registry.parked(tenant, run_id) is not None:
+            if parked:
                 await self.parking.cancel(live)
             elif immediate:
                 live.interrupt_graph()
-            if queued:
-                # A queued run ends at once (its wait stops): the answer says so.
+            if queued or parked:
+                # It ends at once (its wait stops): the answer says so (outside testing: a
+                # parked run's answer said RUNNING while its stream ended cancelled).
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(QUEUED_CANCEL_WAIT_S):
                         await live.done.wait()
