@@ -50,6 +50,20 @@ async def test_a_read_only_tool_runs_without_approval_and_the_reply_quotes_it(
     assert not of_kind(events, "permission_required")
 
 
+async def test_a_tool_result_holding_a_nul_is_recorded_on_either_store(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    # Outside testing: on Postgres the result's row could not be written ("DataError"), so
+    # the run failed, retryably, at every resume, and ran the tool again each time.
+    events = [
+        r.event async for r in stub.StartRun(tool_request("use weather for Par\x00is", mcp, "nul"))
+    ]
+    assert kinds(events)[-1] == "run_completed"
+    (final,) = finals(events)
+    assert "Sunny, 21°C in Par\ufffdis" in final.content
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_OK]
+
+
 async def test_the_same_run_id_in_two_tenants_sends_two_idempotency_keys(
     stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
 ) -> None:

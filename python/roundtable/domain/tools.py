@@ -43,6 +43,14 @@ class ToolOutcome(StrEnum):
     FAILED = "failed"
 
 
+def storable(text: str) -> str:
+    """Text a model or a tool server wrote, as it is recorded and then shown to the model:
+    NUL characters become U+FFFD. Postgres cannot store a NUL in text (the tool call's row
+    failed to write, so the run failed the same way at every resume), and both stores,
+    and every execution of a run, must see the same text."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolServer:
     """An MCP server reached over streamable HTTP."""

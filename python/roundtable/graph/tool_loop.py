@@ -35,6 +35,7 @@ from roundtable.domain.tools import (
     ToolCallSummary,
     ToolOutcome,
     Verdict,
+    storable,
 )
 from roundtable.graph.context import GraphContext, Parked, ToolRuntime
 from roundtable.harness.request import CallMeta, ToolRequest
@@ -107,9 +108,9 @@ class ToolLoop:
                     reply_id=self.step.reply_id,
                     n=n,
                     turn=turn,
-                    tool=call.name[:64],
-                    model_call_id=call.call_id[:128],
-                    arguments_json=call.arguments_json,
+                    tool=storable(call.name[:64]),
+                    model_call_id=storable(call.call_id[:128]),
+                    arguments_json=storable(call.arguments_json),
                     needs_approval=tool is not None and tool.approval is ApprovalPolicy.ALWAYS,
                     expires_at=expires,
                 )
@@ -240,6 +241,7 @@ class ToolLoop:
         self, record: ToolCallRecord, text: str, outcome: ToolOutcome
     ) -> tuple[str, ToolOutcome]:
         """Records what the call came to, before the model sees it."""
+        text = storable(text)
         run = self.ctx.request.context
         await self.runtime.store.finish_tool_call(
             run.tenant, run.run_id, record.call_key, result_text=text, outcome=outcome.value
