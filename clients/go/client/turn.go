@@ -17,8 +17,8 @@ import (
 // MaxAttempts, InitialBackoff, MaxBackoff or TerminalGrace means its default.
 type Options struct {
 	// MaxAttempts bounds the calls (StartRun or StreamRun) in a row that bring no progress,
-	// the first included: progress is a new durable event other than run_started or a
-	// terminal one. Default 8.
+	// the first included: progress is a new durable event other than run_started,
+	// speaker_started or a terminal one. Default 8.
 	MaxAttempts int
 	// InitialBackoff is the wait after a call the sidecar never answered (refused, cut
 	// before any message); it doubles per such call in a row up to MaxBackoff, jittered into
@@ -134,7 +134,7 @@ type turn struct {
 // outcome is how one call ended.
 type outcome struct {
 	err        error // nil: the stream ended OK
-	progressed bool  // it yielded a durable event other than run_started or a terminal one
+	progressed bool  // it yielded a durable event other than run_started, speaker_started or a terminal one
 	received   bool  // the sidecar answered: at least one message
 }
 
@@ -298,7 +298,7 @@ func (t *turn) call(ctx context.Context, op Op) (out outcome) {
 			if terminal(ev) {
 				t.ended = ev
 			}
-			out.progressed = out.progressed || (t.ended == nil && ev.GetRunStarted() == nil)
+			out.progressed = out.progressed || (t.ended == nil && ev.GetRunStarted() == nil && ev.GetSpeakerStarted() == nil)
 			if !t.emit(ev) {
 				return out
 			}

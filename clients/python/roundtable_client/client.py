@@ -25,6 +25,8 @@ resumes it."""
 
 Op = Literal["StartRun", "StreamRun"]
 _TERMINAL = frozenset({"run_completed", "run_cancelled", "run_failed"})
+_STARTS = frozenset({"run_started", "speaker_started"})
+"""Durable events that are no progress: every execution writes them again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +54,9 @@ class TurnOptions:
 
     max_attempts: int = 8
     """Calls (StartRun or StreamRun) in a row that bring no progress, the first included:
-    progress is a new durable event other than run_started or a terminal one."""
+    progress is a new durable event other than run_started, speaker_started or a terminal
+    one (an execution that fails the same way each time, after beginning a speaker, is
+    no progress)."""
     initial_backoff: float = 0.2
     """Seconds to wait after a call the sidecar never answered (refused, cut before any
     message); doubles per such call in a row up to max_backoff, jittered into its upper half.
@@ -266,7 +270,7 @@ class _Turn:
         self.error: RoundtableError | None = None
         """Why the last call stopped; None when its stream ended OK."""
         self.progressed = False
-        """The last call yielded a durable event other than run_started or a terminal one."""
+        """The last call yielded a durable event other than a start or a terminal one."""
         self.received = False
         """The sidecar answered the last call: at least one message."""
 
@@ -322,7 +326,7 @@ class _Turn:
                     self.last_seq = seq
                     kind = event.WhichOneof("payload")
                     self.ended = event if kind in _TERMINAL else None
-                    self.progressed |= self.ended is None and kind != "run_started"
+                    self.progressed |= self.ended is None and kind not in _STARTS
                     yield event
                 caught_up = self.ended is not None and seq >= self.last_seq
         finally:

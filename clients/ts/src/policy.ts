@@ -16,7 +16,7 @@
  *   FAILED_PRECONDITION, UNAUTHENTICATED, PERMISSION_DENIED, INTERNAL with an ErrorInfo, a
  *   RESOURCE_EXHAUSTED without one) is thrown at once: the same call would fail the same way.
  * - At most `maxAttempts` calls in a row may bring no progress (no new durable event other
- *   than run_started or a terminal one); then the last error is thrown, or, when the last
+ *   than run_started, speaker_started or a terminal one); then the last error is thrown, or, when the last
  *   call ended with a resumable terminal event, the iteration ends with that event.
  * - The wait before a call: after a call that brought progress, none (re-attach at once);
  *   after calls the sidecar never answered (refused, cut before any message), a backoff

@@ -124,7 +124,7 @@ export async function* runTurn(
         }
         lastSeq = event.seq;
         terminal = terminalOf(event);
-        progressed ||= terminal === undefined && event.payload.case !== "runStarted";
+        progressed ||= terminal === undefined && !STARTS.has(event.payload.case);
         yield event;
       }
     } catch (caught) {
@@ -157,7 +157,11 @@ export async function* runTurn(
   }
 }
 
+/** Durable events that are no progress: every execution writes them again. */
+const STARTS: ReadonlySet<RunEvent["payload"]["case"]> = new Set(["runStarted", "speakerStarted"]);
+
 /** The terminal event's kind and whether the same StartRun would go on with the run. */
+
 export function terminalOf(event: RunEvent): Terminal | undefined {
   switch (event.payload.case) {
     case "runCompleted":
