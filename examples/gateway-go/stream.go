@@ -87,6 +87,7 @@ type Turn struct {
 	missing     []string
 	open        string                // the reply whose line is being printed
 	openText    string                // the delta text printed on that line
+	openAttempt uint32                // the AssistantDelta.attempt of that text
 	together    map[string]groupKey   // reply_id -> its parallel group, for groups of several
 	groups      map[groupKey][]string // a group's reply ids, in plan order
 	announced   map[groupKey]bool     // groups whose "answering at once" line is printed
@@ -443,7 +444,13 @@ func (t *Turn) announce(k groupKey, s *roundtablev1.SpeakerStarted) {
 func (t *Turn) printDelta(d *roundtablev1.AssistantDelta) {
 	if t.open != d.GetReplyId() {
 		t.startLine(d.GetReplyId(), d.GetAttempt())
+	} else if t.openText != "" && d.GetAttempt() != t.openAttempt {
+		// The reply's text starts over (a model call retried, a count-off asked again):
+		// the chunks shown so far are dropped, so the new text gets a line of its own.
+		fmt.Fprint(t.Out, "\n   (again) ")
+		t.openText = ""
 	}
+	t.openAttempt = d.GetAttempt()
 	fmt.Fprint(t.Out, d.GetText())
 	t.openText += d.GetText()
 }

@@ -68,6 +68,8 @@ export class Turn {
   private readonly replies = new Map<string, ReplyResult>();
   private open = "";
   private openText = "";
+  /** The AssistantDelta.attempt of openText. */
+  private openAttempt = 0;
 
   constructor(
     private readonly client: RoundtableClient,
@@ -120,7 +122,13 @@ export class Turn {
     if (p.case === "assistantDelta") { // live only: just show it
       if (this.open !== p.value.replyId) {
         this.startLine(p.value.replyId, p.value.attempt);
+      } else if (this.openText !== "" && p.value.attempt !== this.openAttempt) {
+        // The reply's text starts over (a model call retried, a count-off asked again):
+        // the chunks shown so far are dropped, so the new text gets a line of its own.
+        this.out("\n   (again) ");
+        this.openText = "";
       }
+      this.openAttempt = p.value.attempt;
       this.out(p.value.text);
       this.openText += p.value.text;
       return;
