@@ -262,6 +262,32 @@ async def test_stop_turn_stops_the_live_run_whatever_the_policy(stub, words: str
     assert [f.member_id for f in finals(events)] == ["a", "b"]
 
 
+async def test_a_resumed_run_whose_logged_plan_is_empty_does_not_plan_again(server, stub) -> None:
+    # A stop turn (its plan has no step) whose process died after logging its plan.
+    request = slow_request("停止", run_id="ep-1", thread_id="t-ep")
+    fingerprint = run_request_from_proto(
+        request, limits=RequestLimits(), defaults=Budgets()
+    ).fingerprint
+    await left_behind(server, "ep-1", "t-ep", fingerprint, RunStatus.INTERRUPTED, last_seq=2)
+    logged = [
+        epb.RunEvent(run_id="ep-1", seq=1, run_started=epb.RunStarted(route=epb.ROUTE_GROUP)),
+        epb.RunEvent(
+            run_id="ep-1",
+            seq=2,
+            plan_created=epb.PlanCreated(directive=epb.DIRECTIVE_KIND_STOP, round=1),
+        ),
+    ]
+    for event in logged:
+        kind = event.WhichOneof("payload")
+        stored = StoredEvent(event.seq, kind, event.SerializeToString())
+        await server.store.append_event("tenant-1", "ep-1", stored)
+
+    stream = await collect(stub.StartRun(request))
+    resumed = last_execution(stream)
+    assert resumed[0].run_started.resumed
+    assert kinds(resumed) == ["run_started", "run_completed"], "its plan is not announced twice"
+
+
 async def test_cancel_of_a_finished_run_changes_nothing(stub) -> None:
     await collect(stub.StartRun(start_request("报数", run_id="done-1")))
     answer = await stub.CancelRun(pb.CancelRunRequest(run_id="done-1", tenant="tenant-1"))

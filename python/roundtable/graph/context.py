@@ -149,8 +149,12 @@ class Prior:
             total = total + self.usage.get(reply_id, TokenUsage())
         return total
 
-    def planned(self, round_no: int) -> list[PlanStep]:
-        """The steps of a round already planned (and announced) by an earlier execution."""
+    def planned(self, round_no: int) -> list[PlanStep] | None:
+        """The steps of a round already planned (and announced) by an earlier execution, or
+        None when its plan is not in the log (a logged plan may have no step: a stop turn's,
+        an empty round's, and is not made or announced again either)."""
+        if round_no not in self.verdicts:
+            return None
         return [s for s in self.steps if s.round == round_no]
 
     def verdict(self, round_no: int) -> tuple[PlanSource, bool]:

@@ -90,7 +90,7 @@ async def deterministic_router(
 ) -> ConversationState:
     """Builds and announces the plan of a deterministic directive."""
     ctx = runtime.context
-    if ctx.prior.planned(1):
+    if ctx.prior.planned(1) is not None:
         # An earlier execution announced this plan; the log has it. Never plan twice.
         return {"steps": [step_to_dict(s) for s in ctx.prior.steps], "round": 1, "converged": True}
     steps, reason = deterministic_steps(ctx)

@@ -97,7 +97,7 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
     if steps_so_far:
         await _stop_between_rounds(ctx)
     already = ctx.prior.planned(round_no)
-    if already:
+    if already is not None:
         # This round's plan is in the log from an earlier execution: no second model call,
         # no second plan_created, and the verdict the supervisor gave then.
         source, converged = ctx.prior.verdict(round_no)
