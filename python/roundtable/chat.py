@@ -157,7 +157,11 @@ def chat_snapshot(path: str | None, text: str, kind: str | None) -> spb.Snapshot
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roundtable chat")
-    parser.add_argument("text", nargs="*", help="what the user says")
+    parser.add_argument(
+        "text",
+        nargs="*",
+        help='what the user says (default: the --snapshot\'s own text, else "count off")',
+    )
     parser.add_argument("--target", default="127.0.0.1:50051", help="the sidecar's host:port")
     parser.add_argument("--snapshot", help="a JSON Snapshot file instead of the demo roster")
     parser.add_argument(
