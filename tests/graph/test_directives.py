@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from roundtable.domain.plan import DirectiveKind
+from roundtable.domain.plan import DirectiveKind, PlanStep
 from roundtable.domain.snapshot import Member, Memory, Session, SessionKind, Snapshot, UserTurn
-from roundtable.graph.countoff import check_count_off
+from roundtable.graph import tasks
+from roundtable.graph.countoff import check_count_off, count_off_task
 from roundtable.graph.directives import COMMANDS, EVERYONE, FILLERS, classify, is_cjk
-from roundtable.graph.memory_select import select_memories
+from roundtable.graph.memory_select import memory_query, select_memories
 from support.bounded import call_bounded
 
 ROSTER = (
@@ -190,6 +191,32 @@ def test_chinese_function_characters_make_no_memory_relevant() -> None:
     assert [
         m.memory_id for m in select_memories(memories[:2], "我的猫在哪？", top_k=1, max_chars=99)
     ] == ["food"]
+
+
+def test_a_fixed_tasks_words_make_no_memory_relevant() -> None:
+    # An @mention's task ("The user addressed you by name. Answer their latest message.")
+    # shares "answer", "latest" and "message" with the first memory, nothing with the turn.
+    memories = [
+        Memory(memory_id="inbox", content="answers every message by the latest at noon"),
+        *(Memory(memory_id=f"paris{i}", content=f"Paris fact {i}") for i in range(5)),
+    ]
+    turn = "@Mei what about Paris?"
+
+    def chosen(step: PlanStep) -> set[str]:
+        query = memory_query(turn, step)
+        return {m.memory_id for m in select_memories(memories, query, top_k=5, max_chars=999)}
+
+    for task in (tasks.MENTIONED, tasks.ANSWER, tasks.EVERYONE, count_off_task(1, 3)):
+        number = 1 if task.startswith("Count") else 0
+        step = PlanStep(
+            index=0, member_id="m", reply_id="r", task=task, token_budget=9, count_off_number=number
+        )
+        assert chosen(step) == {f"paris{i}" for i in range(5)}, task
+    # A supervisor's task says what to talk about: its words count.
+    written = PlanStep(
+        index=0, member_id="m", reply_id="r", task="Check the inbox message", token_budget=9
+    )
+    assert "inbox" in chosen(written)
 
 
 def test_long_or_hostile_text_is_never_a_command() -> None:

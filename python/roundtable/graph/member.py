@@ -29,7 +29,7 @@ from roundtable.domain.snapshot import Member, ModelRef
 from roundtable.domain.tools import ToolCallSummary
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import check_count_off, count_off_again
-from roundtable.graph.memory_select import select_memories
+from roundtable.graph.memory_select import memory_query, select_memories
 from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
 from roundtable.graph.tool_loop import BUDGET_SPENT, ToolLoop, tool_specs
@@ -150,7 +150,7 @@ async def _speak(
     member = snapshot.member(step.member_id)
     memories = select_memories(
         member.memories,
-        f"{snapshot.user_turn.text} {step.task}",
+        memory_query(snapshot.user_turn.text, step),
         top_k=MEMORY_TOP_K,
         max_chars=MEMORY_MAX_CHARS,
     )

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Memory
+from roundtable.graph import tasks
 
 _WORD = re.compile(r"[a-z0-9]+|[\u3400-\u9fff]", re.IGNORECASE)
 _STOPWORDS = frozenset(
@@ -55,6 +57,16 @@ def terms(text: str) -> set[str]:
         for t in (w.lower() for w in _WORD.findall(text))
         if t not in _STOPWORDS and t not in _STOPWORDS_ZH
     }
+
+
+def memory_query(user_text: str, step: PlanStep) -> str:
+    """What a speaker's memories are ranked against: the user's turn, and the step's task
+    when a supervisor wrote it (it says what this speaker is to talk about). A fixed task's
+    words ("answer", "latest", "message") say nothing about the turn: with them, a memory
+    that shared them outranked one about what the user asked."""
+    if step.task in tasks.STANDING or step.count_off_number:
+        return user_text
+    return f"{user_text} {step.task}"
 
 
 def select_memories(

@@ -12,6 +12,7 @@ from langgraph.runtime import Runtime
 from roundtable.domain.events import PlanCreated
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
 from roundtable.domain.snapshot import SessionKind
+from roundtable.graph import tasks
 from roundtable.graph.concurrency import all_at_once
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import count_off_task
@@ -19,9 +20,9 @@ from roundtable.graph.state import ConversationState, step_to_dict
 
 COUNT_OFF_TOKENS = 32
 _TASKS = {
-    DirectiveKind.SINGLE: "Answer the user's latest message.",
-    DirectiveKind.MENTION: "The user addressed you by name. Answer their latest message.",
-    DirectiveKind.ALL: "The user addressed everyone. Give your own answer to their latest message.",
+    DirectiveKind.SINGLE: tasks.ANSWER,
+    DirectiveKind.MENTION: tasks.MENTIONED,
+    DirectiveKind.ALL: tasks.EVERYONE,
 }
 
 

@@ -20,6 +20,7 @@ from roundtable.domain.errors import InvalidModelOutput, ModelError
 from roundtable.domain.events import PlanCreated, TokenUsage
 from roundtable.domain.plan import DirectiveKind, PlanSource, PlanStep, reply_id_for
 from roundtable.domain.snapshot import Snapshot
+from roundtable.graph import tasks
 from roundtable.graph.concurrency import by_marker
 from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.member import call_meta
@@ -117,7 +118,7 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
         converged = plan.converged
     else:
         source = PlanSource.FALLBACK
-        task = "Answer the user's latest message."
+        task = tasks.ANSWER
         members = fallback_members(snapshot, round_no)[: max(1, speakers_left)]
         chosen = [(m, task, budgets.max_output_tokens) for m in members]
         builds_on = [False] * len(chosen)  # the fallback's speakers are independent
