@@ -11,7 +11,7 @@ from roundtable.graph.nodes.supervisor import SupervisorPlan
 from roundtable.graph.prompts import supervisor_messages
 from roundtable.models.base import ChatCall, ChatMessage
 from roundtable.models.langchain_provider import LangChainProvider
-from roundtable.models.offline import OfflineProvider, offline_factory
+from roundtable.models.offline import MAX_OFFLINE_MODELS, OfflineProvider, offline_factory
 from roundtable.models.offline_script import PREFER, REMEMBER, remembered
 
 TARGET = ModelTarget(provider="offline", model="m")
@@ -143,3 +143,28 @@ def test_every_memory_cue_has_both_languages() -> None:
 @pytest.mark.parametrize("text", ["Is sushi like sashimi?", "I liked it", "Hi like you said"])
 def test_an_english_cue_counts_only_as_whole_words(text: str) -> None:
     assert remembered(text) == []
+
+
+async def test_the_least_recently_used_of_too_many_targets_starts_its_faults_over() -> None:
+    # Requests name their own targets: the provider keeps MAX_OFFLINE_MODELS models (each
+    # with its fault counter), so a flood of new names cannot grow it without end.
+    flaky = ModelTarget(provider="offline", model="f", base_url="offline:?fail=error&fail_times=1")
+    provider = OfflineProvider()
+
+    async def fails() -> bool:
+        try:
+            await provider.complete(flaky, COUNT, api_key=None, on_text=None)
+        except ModelUnavailable:
+            return True
+        return False
+
+    assert await fails() and not await fails(), "its one fault is spent"
+    others = [ModelTarget(provider="offline", model=f"m{i}") for i in range(2 * MAX_OFFLINE_MODELS)]
+    for target in others[: MAX_OFFLINE_MODELS - 1]:  # the provider is full
+        provider.model_for(target)
+    assert not await fails()
+    provider.model_for(others[MAX_OFFLINE_MODELS - 1])
+    assert not await fails(), "the oldest target went, not the one used last: its counter kept"
+    for target in others[MAX_OFFLINE_MODELS:]:
+        provider.model_for(target)
+    assert await fails(), "unused since, it went: a new model, with its fault again"
