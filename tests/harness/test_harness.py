@@ -377,15 +377,50 @@ async def test_a_target_named_twice_is_tried_once_and_a_refused_target_is_no_mod
     assert result.attempts == 1
 
 
-def test_the_board_forgets_idle_breakers_past_its_limit_and_keeps_the_ones_that_remember() -> None:
-    # Outside review: every target any request named kept a breaker for good.
-    board = BreakerBoard(BreakerPolicy(failure_threshold=1), max_idle=8)
+def test_the_board_keeps_its_most_recently_used_breakers_and_never_one_a_call_reports_to() -> None:
+    # Outside review: every target any request named kept a breaker for good, and a one-off
+    # dead URL (its breaker open, never asked again) still does when only idle ones go.
+    board = BreakerBoard(BreakerPolicy(failure_threshold=1), max_breakers=8)
     board.get("down").on_failure(ModelUnavailable("HTTP 503"))
-    assert board.get("down").state is BreakerState.OPEN
+    out = board.get("slow")
+    assert out.allow()  # a call to it is out while the board fills
     for n in range(1000):
-        board.get(f"llm:fake:m@http://10.0.0.{n}/v1")
+        dead = board.get(f"llm:fake:m@http://10.0.0.{n}/v1")
+        assert dead.allow()
+        dead.on_failure(ModelUnavailable("HTTP 503"))  # opens, and is never asked again
+        if n % 4 == 0:
+            assert board.get("down").state is BreakerState.OPEN, "an outage still met is kept"
     assert board.size <= 8
-    assert board.get("down").state is BreakerState.OPEN, "an outage is not forgotten"
+    assert board.get("slow") is out, "its call reports to the breaker it left from"
+    out.on_success()
+
+
+def test_a_probe_of_an_earlier_half_open_spell_that_fails_late_lets_no_second_probe_through() -> (
+    None
+):
+    # Outside review: probe P out; an older call succeeds (closed) and another fails
+    # (open); after the cool-down probe P2 goes out; then P fails: it freed P2's slot.
+    now = [0.0]
+    breaker = BreakerBoard(
+        BreakerPolicy(failure_threshold=1, cooldown_s=30.0), clock=lambda: now[0]
+    ).get("t")
+    assert breaker.allow()  # S, admitted while closed
+    breaker.on_failure(ModelUnavailable("HTTP 503"))  # opens it
+    now[0] = 31.0
+    assert breaker.allow()
+    first = breaker.probe_id  # P
+    breaker.on_success()  # S ends well: closed
+    assert breaker.allow()
+    breaker.on_failure(ModelUnavailable("HTTP 503"))  # G reopens it
+    now[0] = 62.0
+    assert breaker.allow()
+    second = breaker.probe_id  # P2
+    assert first and second and first != second
+    breaker.on_failure(ModelUnavailable("HTTP 503"), probe=first)  # P ends, late
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert not breaker.allow(), "P2 is still the one probe"
+    breaker.on_failure(ModelUnavailable("HTTP 503"), probe=second)
+    assert breaker.state is BreakerState.OPEN
 
 
 def test_a_call_let_through_before_the_breaker_opened_does_not_free_the_probes_slot() -> None:
@@ -394,12 +429,12 @@ def test_a_call_let_through_before_the_breaker_opened_does_not_free_the_probes_s
     now = [0.0]
     board = BreakerBoard(BreakerPolicy(failure_threshold=1, cooldown_s=30.0), clock=lambda: now[0])
     breaker = board.get("t")
-    assert breaker.allow() and not breaker.probing  # the stale call, admitted while closed
+    assert breaker.allow() and not breaker.probe_id  # the stale call, admitted while closed
     breaker.on_failure(ModelUnavailable("HTTP 503"))  # another call opens it
     assert breaker.state is BreakerState.OPEN
     now[0] = 31.0
-    assert breaker.allow() and breaker.probing  # the probe
-    breaker.on_failure(ModelUnavailable("HTTP 503"), probe=False)  # the stale call ends
+    assert breaker.allow() and breaker.probe_id  # the probe
+    breaker.on_failure(ModelUnavailable("HTTP 503"))  # the stale call ends
     assert breaker.state is BreakerState.HALF_OPEN
     assert not breaker.allow(), "one probe at a time"
     breaker.on_success()

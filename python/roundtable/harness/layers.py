@@ -134,7 +134,7 @@ class BreakerLayer:
         if not breaker.allow():
             self.auditor.record(AuditRecord.of(request, "breaker_open", time.perf_counter()))
             raise CircuitOpen(target.name)
-        probe = breaker.probing
+        probe = breaker.probe_id
         try:
             result = await self.next(request)
         except ModelError as exc:

@@ -196,7 +196,7 @@ class ToolBreakerLayer:
                 )
             )
             raise ToolCircuitOpen(server_id)
-        probe = breaker.probing
+        probe = breaker.probe_id
         try:
             result = await self.next(request)
         except ToolError as exc:
