@@ -170,6 +170,39 @@ async def test_a_resume_that_meets_a_store_error_stays_parked_and_tries_again(
     assert mcp.counts("note") == {sent_key("flaky", asked.permission_request_id): 1}
 
 
+async def test_a_cancel_whose_resume_meets_a_store_error_is_answered_and_ends_the_run(
+    start_server, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CancelRun of a parked run whose row fails to go back to running: the cancel is
+    recorded (answered OK, not INTERNAL), and the run ends cancelled by itself a second
+    later, its waiting tool never run (outside review)."""
+    request = tool_request("use note for buy milk", mcp, "flaky-cancel")
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        await reader.until("permission_required")
+        await waiting_run(stub, "flaky-cancel")
+        real, failures = server.store.resume_parked, []
+
+        async def fails_once(*args: object, **kwargs: object) -> bool:
+            if not failures:
+                failures.append(args)
+                raise OSError("the store went away")
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(server.store, "resume_parked", fails_once)
+        cancel = pb.CancelRunRequest(run_id="flaky-cancel", tenant="tenant-1")
+        answer = await stub.CancelRun(cancel)
+        assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+        events = await reader.end(wait_s=10)
+    assert len(failures) == 1
+    assert kinds(events)[-1] == "run_cancelled"
+    assert mcp.counts("note") == {}
+
+
 def replicas_only(store_url: str) -> None:
     if not store_url.startswith("postgres"):
         pytest.skip("replicas share a Postgres store (one process owns a SQLite file)")

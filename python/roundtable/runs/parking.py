@@ -158,9 +158,11 @@ class Parking:
 
     async def cancel(self, live: LiveRun) -> None:
         """Cancels a run parked here: its waiting calls count as denied, and it goes on to
-        run_cancelled at the speaker boundary where it waits."""
+        run_cancelled at the speaker boundary where it waits. Once they are denied the
+        cancel stands: a store error as the run goes back to running leaves it parked to
+        try again by itself (`unpark`), and is not the caller's."""
         await cancel_waiting(self.log.store, *live.key)
-        await self.unpark(live)
+        await self._unpark_or_log(live)
 
     async def cancel_elsewhere(self, record: RunRecord, progress: Progress, reason: str) -> bool:
         """Cancels a waiting run this process does not hold. Another replica keeps it
