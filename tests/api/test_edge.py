@@ -6,6 +6,7 @@ Run against a real `roundtable serve` process, so the memory measured is the ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -302,3 +303,42 @@ async def test_a_bug_is_internal_with_a_plain_message_and_logged_whole(caplog) -
     assert error.details() == "internal error: /t.T/Boom"
     assert _reason(error) == "INTERNAL"
     assert "a-detail-of-the-bug" in caplog.text  # the log has it all
+
+
+async def test_a_status_the_client_left_before_is_no_bug_to_log(caplog) -> None:
+    # Seen in CI: a stream aborted with its error just as its client left: the abort found
+    # the call over, the edge logged that as a bug and aborted again ("Abort already
+    # called!"), two ERROR tracebacks for a client that had simply gone.
+    from google.rpc import status_pb2
+    from roundtable.api.auth import Authenticator
+    from roundtable.api.edge import CallLimiter, EdgeInterceptor
+
+    ended = asyncio.Event()
+
+    async def stream(request: bytes, context: grpc.aio.ServicerContext):
+        yield b"first"
+        # As a stream whose run's error came just as its client left:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(30)
+        try:
+            unavailable = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0])
+            await context.abort_with_status(rpc_status.to_status(unavailable))
+        finally:
+            ended.set()
+
+    server = grpc.aio.server(interceptors=[EdgeInterceptor(Authenticator(), CallLimiter(0))])
+    handler = grpc.unary_stream_rpc_method_handler(stream)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.T", {"S": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = _raw_call(channel, "/t.T/S", True)(b"")
+            async for _ in call:  # type: ignore[attr-defined]
+                call.cancel()  # type: ignore[attr-defined]
+                break
+            await asyncio.wait_for(ended.wait(), 10)
+            await asyncio.sleep(0.2)  # the edge's handling of what the abort raised
+    finally:
+        await server.stop(None)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

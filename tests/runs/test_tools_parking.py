@@ -51,13 +51,21 @@ async def status_of(stub: pb_grpc.OrchestratorServiceStub, run_id: str) -> pb.Ru
 
 
 async def until_status(stub: pb_grpc.OrchestratorServiceStub, run_id: str, status: int) -> None:
-    """Returns once the run has `status` (a moment after its StartRun was sent)."""
-    async with asyncio.timeout(10):
-        while True:
-            with contextlib.suppress(grpc.aio.AioRpcError):  # NOT_FOUND: not started yet
-                if (await status_of(stub, run_id)).status == status:
+    """Returns once the run has `status` (a moment after its StartRun was sent); fails
+    naming the status (or the error) last seen when it does not within 10 s."""
+    seen: object = "nothing"
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    seen = (await status_of(stub, run_id)).status
+                except grpc.aio.AioRpcError as error:  # NOT_FOUND: not started yet
+                    seen = error.code()
+                if seen == status:
                     return
-            await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"{run_id}: status {status} never came; last seen {seen}") from None
 
 
 @contextlib.asynccontextmanager

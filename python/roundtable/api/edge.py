@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from grpc._cython import cygrpc
 
 from roundtable.api.auth import HEALTH_METHODS, Authenticator, Caller, acting_as
 from roundtable.api.errors import to_grpc_status
@@ -89,6 +90,13 @@ class CallLimiter:
             self._held[caller.name] = left
         else:
             del self._held[caller.name]
+
+
+_STATUS_NOT_SENT: tuple[type[BaseException], ...] = tuple(
+    t for t in (getattr(cygrpc, "ExecuteBatchError", None),) if isinstance(t, type)
+)
+"""What grpc.aio raises when a status cannot go out any more: the call ended meanwhile
+(its client left as the handler aborted it). Not public API, hence looked up."""
 
 
 async def _abort(context: Any, error: RoundtableError) -> None:
@@ -169,6 +177,10 @@ def _edge_handler(handler: Any, method: str, admit: _Admit | None) -> Any:
                 yield
             except grpc.aio.AbortError:
                 raise  # a status the handler chose
+            except _STATUS_NOT_SENT:
+                # The handler's status found the call over (its client left meanwhile):
+                # nobody is there to answer, and aborting again only fails again.
+                log.debug("%s ended before its status could be sent", method)
             except Exception:
                 # A bug: logged whole here, and INTERNAL with a plain message on the wire
                 # (gRPC would send UNKNOWN naming the exception's Python class).
