@@ -118,6 +118,34 @@ async def test_a_parked_run_that_finds_the_process_full_goes_on_once_a_place_fre
         assert mcp.counts("note") == {}
 
 
+async def test_a_run_is_said_to_wait_only_once_its_place_is_free(
+    start_server, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GetRun says AWAITING_APPROVAL once the parked run has let its place go: said while
+    its row was still being written (slow under load, as in a CI run on Postgres), the
+    next run a gateway started on that word was refused for want of room."""
+    request = tool_request("use note for buy milk", mcp, "slow-park")
+    async with (
+        start_server(max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        real = server.store.park_run
+
+        async def slow_park(*args: object, **kwargs: object) -> bool:
+            await asyncio.sleep(0.5)
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(server.store, "park_run", slow_park)
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        await reader.until("permission_required")
+        await waiting_run(stub, "slow-park")
+        busy = await collect(stub.StartRun(slow_request("busy-after-park")))
+        assert kinds(busy)[-1] == "run_completed"
+        await stub.CancelRun(pb.CancelRunRequest(run_id="slow-park", tenant="tenant-1"))
+        assert kinds(await reader.end(wait_s=10))[-1] == "run_cancelled"
+
+
 async def test_a_parked_run_a_queued_run_of_its_thread_waits_for_goes_on_in_a_full_process(
     start_server, mcp: McpServerProcess
 ) -> None:

@@ -353,15 +353,19 @@ class Executor:
             live.take_back_interrupts()
         return state
 
-    async def _write_end(self, record: RunRecord) -> bool:
+    async def _write_end(self, record: RunRecord, status: RunStatus) -> bool:
         """The run's row at the end of this execution: finished, or parked for approval
-        (kept by this replica where replicas share the store)."""
+        (kept by this replica where replicas share the store). A parked run's record says
+        so only once its row does: until `registry.park` it still holds its place, and a
+        caller told it waits could start another run and be refused for want of room."""
         store, holder = self.log.store, self.coordination.owner
-        if record.status is RunStatus.AWAITING_APPROVAL:
+        if status is RunStatus.AWAITING_APPROVAL:
             owner, lease_until = self.coordination.park_holder()
-            parked = await store.park_run(record, holder, owner, lease_until)
-            record.owner, record.lease_until = owner, lease_until
-            return parked
+            try:
+                return await store.park_run(record, holder, owner, lease_until)
+            finally:
+                record.status, record.owner, record.lease_until = status, owner, lease_until
+        record.status = status
         return await store.finish_run(record, holder)
 
     async def _finish(
@@ -380,9 +384,8 @@ class Executor:
             self.checkpoints.forget_new(checkpoint_thread(record.tenant, record.run_id))
         # With the lease lost, another replica owns the run: it writes the record, not us.
         if not live.lease_lost and not row_written:
-            record.status = status
             with contextlib.suppress(Exception):
-                if not await self._write_end(record):
+                if not await self._write_end(record, status):
                     # Another process owns the row now (e.g. a second server on the same
                     # SQLite file marked it interrupted): its record is left as it is.
                     log.warning(
