@@ -159,6 +159,11 @@ async def test_an_approval_with_edited_arguments_runs_the_edit(
     decide = resolve("e1", asked.permission_request_id, APPROVE, edited_arguments_json=edited)
     await stub.ResolvePermission(decide)
     assert (await stub.ResolvePermission(decide)).decision == APPROVE, "the same, answered"
+    # The same arguments serialized again (spaces, key order) are the same decision.
+    again = json.dumps({"text": "buy oat milk"}, separators=(",", ":"), indent=1)
+    assert again != edited
+    resent = resolve("e1", asked.permission_request_id, APPROVE, edited_arguments_json=again)
+    assert (await stub.ResolvePermission(resent)).decision == APPROVE, "the same, re-encoded"
     # The same verdict with other arguments is another decision: refused, not answered OK
     # while the first edit runs (as it was before).
     other = json.dumps({"text": "sell the car"})

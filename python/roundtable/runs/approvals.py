@@ -12,6 +12,7 @@ the store.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -94,10 +95,8 @@ class Approvals:
                 edited_arguments_json="" if late else edited_arguments_json,
             )
             call = await store.tool_call(tenant, run_id, call_key) or call
-        if (call.verdict, call.edited_arguments_json, call.reason) != (
-            verdict,
-            edited_arguments_json,
-            reason,
+        if (call.verdict, call.reason) != (verdict, reason) or not _same_json(
+            call.edited_arguments_json, edited_arguments_json
         ):
             # Expired or cancelled meanwhile, or another person decided first (perhaps the
             # same way with other arguments or another reason: the recorded one stands).
@@ -170,3 +169,17 @@ async def cancel_calls(store: RunStore, tenant: str, run_id: str, call_keys: Ite
     already keeps its decision: the compare-and-set)."""
     for key in call_keys:
         await store.decide_tool_call(tenant, run_id, key, Verdict.CANCELLED, reason="cancelled")
+
+
+def _same_json(recorded: str, sent: str) -> bool:
+    """Whether two edited arguments say the same (the API let only valid JSON through): a
+    gateway that sends its decision again may well serialize it again, spaces and key
+    order changed."""
+    if recorded == sent:
+        return True
+    if not recorded or not sent:
+        return False
+    try:
+        return bool(json.loads(recorded) == json.loads(sent))
+    except ValueError:
+        return False

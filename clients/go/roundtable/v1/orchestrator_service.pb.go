@@ -321,7 +321,8 @@ const (
 	// Waiting for a person to decide a permission request (see
 	// Run.pending_permissions); nothing of it runs meanwhile. ResolvePermission
 	// resumes it; CancelRun ends it (the waiting call counts as denied, reason
-	// "cancelled").
+	// "cancelled"). A run whose server stopped while it waited stays here,
+	// decided or not, until the same StartRun resumes it (see ResolvePermission).
 	RunStatus_RUN_STATUS_AWAITING_APPROVAL RunStatus = 8
 )
 

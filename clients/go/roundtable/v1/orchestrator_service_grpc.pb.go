@@ -118,10 +118,14 @@ type OrchestratorServiceClient interface {
 	// sees). It answers once the decision is durable, on any replica, even one
 	// that never ran the run; the run then resumes from that call on this
 	// replica or the one holding its lease, and its events reach any stream
-	// attached to it (or StreamRun). A decision recorded while no server ran the
-	// run is acted on when the run is next started, followed or read.
-	// Idempotent: the same decision again (the same verdict, edited arguments
-	// and reason) answers the same; any other is PERMISSION_DECIDED. Errors:
+	// attached to it (or StreamRun). A decision recorded while no server holds
+	// the run (its server stopped: resumed is false, StreamRun ends RUN_ORPHANED)
+	// is acted on when the same StartRun comes again, which alone carries the
+	// snapshot the run goes on from; until then GetRun says
+	// RUN_STATUS_AWAITING_APPROVAL, with no pending permission once every
+	// request is decided. Idempotent: the same decision again (the same
+	// verdict, reason and edited arguments, compared as JSON values: spaces and
+	// key order aside) answers the same; any other is PERMISSION_DECIDED. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
 	// FAILED_PRECONDITION [PERMISSION_DECIDED].
 	ResolvePermission(ctx context.Context, in *ResolvePermissionRequest, opts ...grpc.CallOption) (*ResolvePermissionResponse, error)
@@ -295,10 +299,14 @@ type OrchestratorServiceServer interface {
 	// sees). It answers once the decision is durable, on any replica, even one
 	// that never ran the run; the run then resumes from that call on this
 	// replica or the one holding its lease, and its events reach any stream
-	// attached to it (or StreamRun). A decision recorded while no server ran the
-	// run is acted on when the run is next started, followed or read.
-	// Idempotent: the same decision again (the same verdict, edited arguments
-	// and reason) answers the same; any other is PERMISSION_DECIDED. Errors:
+	// attached to it (or StreamRun). A decision recorded while no server holds
+	// the run (its server stopped: resumed is false, StreamRun ends RUN_ORPHANED)
+	// is acted on when the same StartRun comes again, which alone carries the
+	// snapshot the run goes on from; until then GetRun says
+	// RUN_STATUS_AWAITING_APPROVAL, with no pending permission once every
+	// request is decided. Idempotent: the same decision again (the same
+	// verdict, reason and edited arguments, compared as JSON values: spaces and
+	// key order aside) answers the same; any other is PERMISSION_DECIDED. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
 	// FAILED_PRECONDITION [PERMISSION_DECIDED].
 	ResolvePermission(context.Context, *ResolvePermissionRequest) (*ResolvePermissionResponse, error)

@@ -775,7 +775,8 @@ export enum RunStatus {
    * Waiting for a person to decide a permission request (see
    * Run.pending_permissions); nothing of it runs meanwhile. ResolvePermission
    * resumes it; CancelRun ends it (the waiting call counts as denied, reason
-   * "cancelled").
+   * "cancelled"). A run whose server stopped while it waited stays here,
+   * decided or not, until the same StartRun resumes it (see ResolvePermission).
    *
    * @generated from enum value: RUN_STATUS_AWAITING_APPROVAL = 8;
    */
@@ -912,10 +913,14 @@ export const OrchestratorService: GenService<{
    * sees). It answers once the decision is durable, on any replica, even one
    * that never ran the run; the run then resumes from that call on this
    * replica or the one holding its lease, and its events reach any stream
-   * attached to it (or StreamRun). A decision recorded while no server ran the
-   * run is acted on when the run is next started, followed or read.
-   * Idempotent: the same decision again (the same verdict, edited arguments
-   * and reason) answers the same; any other is PERMISSION_DECIDED. Errors:
+   * attached to it (or StreamRun). A decision recorded while no server holds
+   * the run (its server stopped: resumed is false, StreamRun ends RUN_ORPHANED)
+   * is acted on when the same StartRun comes again, which alone carries the
+   * snapshot the run goes on from; until then GetRun says
+   * RUN_STATUS_AWAITING_APPROVAL, with no pending permission once every
+   * request is decided. Idempotent: the same decision again (the same
+   * verdict, reason and edited arguments, compared as JSON values: spaces and
+   * key order aside) answers the same; any other is PERMISSION_DECIDED. Errors:
    * INVALID_ARGUMENT, NOT_FOUND [RUN_NOT_FOUND, PERMISSION_NOT_FOUND],
    * FAILED_PRECONDITION [PERMISSION_DECIDED].
    *
