@@ -158,6 +158,14 @@ def test_single_chat_ignores_group_directives_but_not_stop() -> None:
         ("Two!", 3, "holds another number"),
         ("Someone says 3", 3, ""),
         ("Lin, number ELEVEN", 11, ""),
+        # ... and not where English uses them for other things (outside review).
+        ("3, no one else.", 3, ""),
+        ("Bo here: 3! Hello, one and all.", 3, ""),
+        ("4 — for the first time!", 4, ""),
+        ("Wait a second: 2.", 2, ""),
+        ("Bo here: one.", 1, ""),
+        ("3... or rather, one", 3, "holds another number"),
+        ("Number one? No: 3", 3, "holds another number"),
     ],
 )
 def test_count_off_check(reply, number, problem) -> None:
