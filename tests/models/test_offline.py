@@ -135,6 +135,16 @@ def test_every_preference_in_either_language_is_kept_whole(cue: str, language: i
     assert remembered(f"{cue} {thing}!") == [f"{cue} {thing}"]
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["Do you remember my cat?", "Remember that I like tea?", "你记住我的猫了吗？", "我喜欢猫吗？"],
+)
+def test_a_question_is_no_memory_in_either_language(text: str) -> None:
+    # Outside review: "Do you remember my cat?" proposed the memory "my cat".
+    assert remembered(text) == []
+    assert remembered(f"{text} I like tea.") == ["I like tea"]
+
+
 def test_every_memory_cue_has_both_languages() -> None:
     for english, chinese in (*REMEMBER, *PREFER):
         assert english and chinese, f"{english or chinese} has no twin in the other language"

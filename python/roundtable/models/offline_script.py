@@ -131,8 +131,16 @@ def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool, max_steps: int)
 
 
 def remembered(text: str) -> list[str]:
-    """What the offline model proposes to remember from the user's text, in order."""
-    return [(m.group(1) or m.group(2)).strip() for m in _EXPLICIT_MEMORY.finditer(text)]
+    """What the offline model proposes to remember from the user's text, in order: what
+    a statement says, not a question ("Do you remember my cat?", "记住我的猫了吗？")."""
+    return [
+        (m.group(1) or m.group(2)).strip()
+        for m in _EXPLICIT_MEMORY.finditer(text)
+        if text[m.end() : m.end() + 1] not in _QUESTION_MARKS
+    ]
+
+
+_QUESTION_MARKS = ("?", "？")
 
 
 def _memories(turn: dict[str, Any]) -> dict[str, Any]:
