@@ -443,7 +443,7 @@ func (t *Turn) announce(k groupKey, s *roundtablev1.SpeakerStarted) {
 
 func (t *Turn) printDelta(d *roundtablev1.AssistantDelta) {
 	if t.open != d.GetReplyId() {
-		t.startLine(d.GetReplyId(), d.GetAttempt())
+		t.startLine(d.GetReplyId(), 0) // AssistantDelta.attempt is no speaker attempt: no label
 	} else if t.openText != "" && d.GetAttempt() != t.openAttempt {
 		// The reply's text starts over (a model call retried, a count-off asked again):
 		// the chunks shown so far are dropped, so the new text gets a line of its own.

@@ -121,7 +121,7 @@ export class Turn {
     const p = event.payload;
     if (p.case === "assistantDelta") { // live only: just show it
       if (this.open !== p.value.replyId) {
-        this.startLine(p.value.replyId, p.value.attempt);
+        this.startLine(p.value.replyId, 0); // AssistantDelta.attempt is no speaker attempt: no label
       } else if (this.openText !== "" && p.value.attempt !== this.openAttempt) {
         // The reply's text starts over (a model call retried, a count-off asked again):
         // the chunks shown so far are dropped, so the new text gets a line of its own.
