@@ -19,6 +19,7 @@ from roundtable.server import RunningServer
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
 from support.approvals import (
     APPROVE,
     DENY,
@@ -354,3 +355,38 @@ async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_park
     await waiting_run(stub, "p3")
     await asyncio.sleep(0.3)  # longer than a poll: a watch started by the park would be on
     assert not watches(), "a stopping process starts no watch"
+
+
+async def test_a_decision_in_a_parallel_group_starts_only_its_own_speaker_again(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+) -> None:
+    # Outside testing: each decision started every speaker of the group still waiting
+    # again (speaker_started, then nothing), so the stream said they spoke while they
+    # waited for a person.
+    request = tool_request("@all use note for buy milk", mcp, "pg1")
+    mei = request.snapshot.members[0]
+    for member_id, name in (("kai", "Kai"), ("lin", "Lin")):
+        other = request.snapshot.members.add()
+        other.CopyFrom(mei)
+        other.member_id, other.display_name = member_id, name
+    request.snapshot.session.kind = spb.SESSION_KIND_GROUP
+    request.snapshot.session.primary_member_id = "mei"
+    request.snapshot.session.speaker_concurrency = spb.SPEAKER_CONCURRENCY_PARALLEL
+    reader = Reader(stub.StartRun(request))
+    await reader.until("permission_required", nth=3)
+    await waiting_run(stub, "pg1")
+    asked = [e.permission_required for e in of_kind(reader.events, "permission_required")]
+    assert len(asked) == 3
+    first, *others = asked
+    seen = len(reader.events)
+    await stub.ResolvePermission(resolve("pg1", first.permission_request_id, APPROVE))
+    await reader.until("assistant_final")
+    run = await waiting_run(stub, "pg1")
+    assert len(run.pending_permissions) == 2
+    started = of_kind(reader.events[seen:], "speaker_started")
+    assert [s.speaker_started.reply_id for s in started] == [first.reply_id]
+    for request_left in others:
+        await stub.ResolvePermission(resolve("pg1", request_left.permission_request_id, APPROVE))
+    events = await reader.end()
+    assert kinds(events)[-1] == "run_completed"
+    assert sorted(f.member_id for f in finals(events)) == ["kai", "lin", "mei"]

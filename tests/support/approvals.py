@@ -76,13 +76,13 @@ class Reader:
             self.events.append(response.event)
             self._arrived.set()
 
-    async def until(self, kind: str, wait_s: float = 20.0) -> epb.RunEvent:
-        """The first event of `kind`, once it arrived."""
+    async def until(self, kind: str, wait_s: float = 20.0, *, nth: int = 1) -> epb.RunEvent:
+        """The `nth` event of `kind` (the first by default), once it arrived."""
         async with asyncio.timeout(wait_s):
             while True:
                 found = of_kind(self.events, kind)
-                if found:
-                    return found[0]
+                if len(found) >= nth:
+                    return found[nth - 1]
                 if self.task.done():
                     self.task.result()
                     raise AssertionError(f"stream ended without {kind}: {kinds(self.events)}")

@@ -27,7 +27,7 @@ from roundtable.domain.events import (
 from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Member, ModelRef
 from roundtable.domain.tools import ToolCallSummary
-from roundtable.graph.context import GraphContext
+from roundtable.graph.context import GraphContext, Parked
 from roundtable.graph.countoff import check_count_off, count_off_again
 from roundtable.graph.memory_select import memory_query, select_memories
 from roundtable.graph.prompts import member_messages
@@ -76,6 +76,9 @@ async def speak(
 
     The turn is one GenAI agent span (`invoke_agent <name>`); its model calls nest inside.
     """
+    waiting = await _still_waiting(ctx, step, caller_node)
+    if waiting is not None:
+        raise waiting
     started = time.perf_counter()
     if ctx.tracer is None:
         outcome = await _speak(ctx, step, replies, caller_node)
@@ -98,6 +101,20 @@ async def speak(
         {"roundtable.outcome": "failed" if outcome.reply["failed"] else "final"},
     )
     return outcome
+
+
+async def _still_waiting(ctx: GraphContext, step: PlanStep, caller_node: str) -> Parked | None:
+    """A resumed speaker whose calls all wait for a person (or are answered), each waiting
+    one announced already, would only park again: it parks at once, emitting nothing. A
+    speaker_started would say it speaks while it waits (outside testing: each decision in
+    a parallel group started every speaker still waiting again). Reads the store only on
+    a resume where this speaker's requests are in the log."""
+    runtime, prefix = ctx.tools, f"{step.reply_id}/"
+    if runtime is None or not any(key.startswith(prefix) for key in ctx.prior.announced):
+        return None
+    member = ctx.request.snapshot.member(step.member_id)
+    loop = await ToolLoop.open(ctx, runtime, step, member, call_meta(ctx, caller_node))
+    return loop.waiting_only()
 
 
 class _Tally:

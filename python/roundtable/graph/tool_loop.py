@@ -77,6 +77,26 @@ class ToolLoop:
         mine = [r for r in recorded if r.reply_id == step.reply_id]
         return cls(ctx, runtime, step, member, meta, tools, mine)
 
+    def waiting_only(self) -> Parked | None:
+        """When every call the speaker recorded is answered or waits for a person, and each
+        waiting one is announced already (in the log), unexpired and the run not stopped,
+        the speaker would only park again: the Parked it would raise; None otherwise."""
+        now, announced = self.runtime.clock(), self.ctx.prior.announced
+        open_calls = [r for r in self.records if r.status is not CallStatus.FINISHED]
+        if not open_calls or self.ctx.stop.requested:
+            return None
+        for r in open_calls:
+            if not (
+                r.needs_approval
+                and r.verdict is Verdict.PENDING
+                and r.call_key in announced
+                and now < r.expires_at
+                and r.tool in self.tools
+            ):
+                return None
+        keys = tuple(r.call_key for r in open_calls)
+        return Parked(keys, min(r.expires_at for r in open_calls))
+
     @property
     def budget(self) -> int:
         """Tool calls this speaker may make in its reply."""
