@@ -1778,7 +1778,9 @@ type RunCancelled struct {
 	// Replies finished before the stop (all durable).
 	FinishedReplyIds []string `protobuf:"bytes,2,rep,name=finished_reply_ids,json=finishedReplyIds,proto3" json:"finished_reply_ids,omitempty"`
 	// Steps that did not finish; a resumed or continued run speaks them with
-	// these reply ids.
+	// these reply ids. Empty when the run never planned (stopped while queued,
+	// say): the same StartRun then runs the whole turn, and a continue turn
+	// passes over it (to the thread's run before it with steps left).
 	StepsLeft     []*PlanStep `protobuf:"bytes,3,rep,name=steps_left,json=stepsLeft,proto3" json:"steps_left,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1985,8 +1987,11 @@ type RunFailed struct {
 	// replica that stopped), written into the log when it is found dead, so that
 	// every execution there ends in a terminal event. It is found dead when the
 	// same StartRun resumes the run (retryable, followed in the same stream by
-	// the resumed execution's run_started) or when a continue turn takes it over
-	// (not retryable; the message names the continuing run).
+	// the resumed execution's run_started), when a server starts on the SQLite
+	// file it ran on (retryable), or when a continue turn takes it over (not
+	// retryable; the message names the continuing run). A retryable end, like a
+	// run_cancelled, holds until a continue turn takes the run over: the same
+	// StartRun then replays the log and ends FAILED_PRECONDITION [RUN_CONTINUED].
 	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
 	// A human-readable reason, free of prompt text and secrets.
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`

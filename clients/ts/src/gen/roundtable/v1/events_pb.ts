@@ -866,7 +866,9 @@ export type RunCancelled = Message<"roundtable.v1.RunCancelled"> & {
 
   /**
    * Steps that did not finish; a resumed or continued run speaks them with
-   * these reply ids.
+   * these reply ids. Empty when the run never planned (stopped while queued,
+   * say): the same StartRun then runs the whole turn, and a continue turn
+   * passes over it (to the thread's run before it with steps left).
    *
    * @generated from field: repeated roundtable.v1.PlanStep steps_left = 3;
    */
@@ -974,8 +976,11 @@ export type RunFailed = Message<"roundtable.v1.RunFailed"> & {
    * replica that stopped), written into the log when it is found dead, so that
    * every execution there ends in a terminal event. It is found dead when the
    * same StartRun resumes the run (retryable, followed in the same stream by
-   * the resumed execution's run_started) or when a continue turn takes it over
-   * (not retryable; the message names the continuing run).
+   * the resumed execution's run_started), when a server starts on the SQLite
+   * file it ran on (retryable), or when a continue turn takes it over (not
+   * retryable; the message names the continuing run). A retryable end, like a
+   * run_cancelled, holds until a continue turn takes the run over: the same
+   * StartRun then replays the log and ends FAILED_PRECONDITION [RUN_CONTINUED].
    *
    * @generated from field: string code = 1;
    */
