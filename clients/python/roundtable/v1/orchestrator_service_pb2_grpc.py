@@ -49,9 +49,10 @@ class OrchestratorServiceStub:
     this tenant's run (the same for another tenant's).
     FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
     REJECT. [STREAM_GAP] a StreamRun cannot be continued
-    from after_seq. [RUN_CONTINUED] the run's last execution
-    stopped before its end and a later run continued it (its
-    stream replays the log, then ends so).
+    from after_seq. [RUN_CONTINUED] the run stopped before
+    its end (its last execution died, failed retryably or
+    was cancelled) and a later run continued it: its stream
+    replays the log, then ends so (it cannot be resumed).
     [PERMISSION_DECIDED] a ResolvePermission whose decision
     differs from the one already recorded (the message
     names the recorded one: approve, deny, expired or
@@ -134,9 +135,10 @@ class OrchestratorServiceServicer:
     this tenant's run (the same for another tenant's).
     FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
     REJECT. [STREAM_GAP] a StreamRun cannot be continued
-    from after_seq. [RUN_CONTINUED] the run's last execution
-    stopped before its end and a later run continued it (its
-    stream replays the log, then ends so).
+    from after_seq. [RUN_CONTINUED] the run stopped before
+    its end (its last execution died, failed retryably or
+    was cancelled) and a later run continued it: its stream
+    replays the log, then ends so (it cannot be resumed).
     [PERMISSION_DECIDED] a ResolvePermission whose decision
     differs from the one already recorded (the message
     names the recorded one: approve, deny, expired or
@@ -295,9 +297,10 @@ class OrchestratorService:
     this tenant's run (the same for another tenant's).
     FAILED_PRECONDITION [THREAD_BUSY] the thread is busy and the policy is
     REJECT. [STREAM_GAP] a StreamRun cannot be continued
-    from after_seq. [RUN_CONTINUED] the run's last execution
-    stopped before its end and a later run continued it (its
-    stream replays the log, then ends so).
+    from after_seq. [RUN_CONTINUED] the run stopped before
+    its end (its last execution died, failed retryably or
+    was cancelled) and a later run continued it: its stream
+    replays the log, then ends so (it cannot be resumed).
     [PERMISSION_DECIDED] a ResolvePermission whose decision
     differs from the one already recorded (the message
     names the recorded one: approve, deny, expired or
