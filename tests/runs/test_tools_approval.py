@@ -390,3 +390,22 @@ async def test_a_decision_in_a_parallel_group_starts_only_its_own_speaker_again(
     events = await reader.end()
     assert kinds(events)[-1] == "run_completed"
     assert sorted(f.member_id for f in finals(events)) == ["kai", "lin", "mei"]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "sent", "same"),
+    [
+        ('{"a": 1, "b": [1, 2]}', '{"b":[1,2],"a":1}', True),
+        ('{"confirm": true}', '{"confirm": 1}', False),  # Python's True == 1
+        ("[1]", "[1.0]", False),
+        ("", '{"a": 1}', False),
+    ],
+)
+def test_edited_arguments_are_the_same_only_as_the_same_json_text_values(
+    recorded: str, sent: str, same: bool
+) -> None:
+    # Outside review: compared as parsed values, true was 1, so a second person's other
+    # arguments were answered as the same decision while the first's ran.
+    from roundtable.runs.approvals import _same_json
+
+    assert _same_json(recorded, sent) is same

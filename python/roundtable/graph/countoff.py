@@ -87,13 +87,32 @@ _EN_VALUES = {
     **{word: 20 + 10 * n for n, word in enumerate(_EN_TEN_ORDINALS)},
 }
 _EN_WORD = re.compile(r"[a-z]+")
-_EN_CLAUSE = re.compile(r"[^,.;:!?()\[\]\"，。！？；：、…—–]+")
-"""A clause: text between punctuation (not "-": "twenty-one" is one number)."""
-_EN_IDIOMATIC = frozenset({"one", "first", "second"})
-"""Number words English uses for other things too ("no one else", "one and all", "for
-the first time", "a second"): a number only as a clause of its own ("One!", "Bo here:
-one.") or after "number" ("number one"), as 一 is one only outside words (一起)."""
-_EN_NUMBER_MARKERS = frozenset({"number", "num"})
+_EN_IDIOMS = re.compile(
+    r"\b(?:"
+    + "|".join(
+        phrase.replace(" ", r"\s+")
+        for phrase in (
+            "no one",
+            "one another",
+            "one and all",
+            "one of",
+            "one by one",
+            "every one",
+            "each one",
+            "at first",
+            "first of all",
+            "first time",
+            "a second",
+            "one second",
+            "second to none",
+            "on second thoughts?",
+        )
+    )
+    + r")\b"
+)
+"""Phrases where English uses a number word for something else ("no one else", "one and
+all", "for the first time", "wait a second"): not numbers, as 一 inside a word (一起) is
+none. Elsewhere "one", "first" and "second" count ("One here!", "I'm second!")."""
 _ORDINAL_BEFORE = "第"
 _COUNTER_AFTER = "号位名"
 
@@ -144,27 +163,21 @@ def _cjk_numbers(text: str) -> list[int]:
 def _english_numbers(text: str) -> list[int]:
     """The English number words of `text` up to 99, cardinal or ordinal ("Three!",
     "number twenty-one", "the fourth"), as the twin of `_cjk_numbers`; whole words only
-    ("someone" holds no "one"), and the idiomatic ones only where they stand for a number
-    (see `_EN_IDIOMATIC`)."""
+    ("someone" holds no "one"), none inside the phrases of `_EN_IDIOMS`."""
+    words = _EN_WORD.findall(_EN_IDIOMS.sub(" ", text.casefold()))
     found: list[int] = []
-    for clause in _EN_CLAUSE.findall(text.casefold()):
-        words = _EN_WORD.findall(clause)
-        index = 0
-        while index < len(words):
-            word = words[index]
-            value = _EN_VALUES.get(word)
-            index += 1
-            if value is None:
-                continue
-            after_marker = index >= 2 and words[index - 2] in _EN_NUMBER_MARKERS
-            if word in _EN_IDIOMATIC and len(words) > 1 and not after_marker:
-                continue
-            if value >= 20 and value % 10 == 0 and index < len(words):
-                ones = _EN_VALUES.get(words[index])  # "twenty-one", "thirty second"
-                if ones is not None and 0 < ones < 10:
-                    value += ones
-                    index += 1
-            found.append(value)
+    index = 0
+    while index < len(words):
+        value = _EN_VALUES.get(words[index])
+        index += 1
+        if value is None:
+            continue
+        if value >= 20 and value % 10 == 0 and index < len(words):
+            ones = _EN_VALUES.get(words[index])  # "twenty-one", "thirty second"
+            if ones is not None and 0 < ones < 10:
+                value += ones
+                index += 1
+        found.append(value)
     return found
 
 

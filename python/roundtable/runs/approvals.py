@@ -180,6 +180,12 @@ def _same_json(recorded: str, sent: str) -> bool:
     if not recorded or not sent:
         return False
     try:
-        return bool(json.loads(recorded) == json.loads(sent))
+        return _canonical(recorded) == _canonical(sent)
     except ValueError:
         return False
+
+
+def _canonical(text: str) -> str:
+    """A JSON text re-encoded one way: keys sorted, no spaces. Not `==` of the parsed values,
+    for which true is 1 and 1 is 1.0: other arguments for a tool."""
+    return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
