@@ -178,3 +178,27 @@ async def test_the_least_recently_used_of_too_many_targets_starts_its_faults_ove
     for target in others[MAX_OFFLINE_MODELS:]:
         provider.model_for(target)
     assert await fails(), "unused since, it went: a new model, with its fault again"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "subject"),
+    [
+        ("张三", "@张三你好", "你好"),
+        ("Mei", "@所有人你们好", "你们好"),
+        ("Mei", "@Mei what do you think?", "what do you think?"),
+        ("Bo", "@all hi there", "hi there"),
+    ],
+)
+async def test_a_reply_is_about_the_users_words_not_the_mention(
+    name: str, text: str, subject: str
+) -> None:
+    # Outside testing: an @ run into Chinese text ("@张三你好") took the whole message with
+    # it, and the reply quoted the task's text instead of the user's words.
+    call = ChatCall(
+        messages=(
+            ChatMessage("system", f"You are {name}."),
+            ChatMessage("user", f"{text}\n\n{sections.TASK}\nAnswer their latest message."),
+        )
+    )
+    answer = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
+    assert f"\u201c{subject}\u201d" in answer.text

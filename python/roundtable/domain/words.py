@@ -9,6 +9,9 @@ from collections.abc import Callable
 Twins = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
 """(English, Chinese) rows, one per meaning: what one language accepts, the other does too."""
 
+EVERYONE: Twins = ((("all",), ("全体成员",)), (("everyone", "everybody"), ("所有人", "大家")))
+"""What follows an @ to address every member (`@all`, `@全体成员`)."""
+
 
 def alternation(rows: Twins, english: Callable[[str], str]) -> str:
     """Every word of `rows` as one regex alternation, the longest first ("stop it" is tried

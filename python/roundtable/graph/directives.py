@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, SessionKind, Snapshot
-from roundtable.domain.words import Twins, alternation
+from roundtable.domain.words import EVERYONE, Twins, alternation
 
 # A directive must stand alone as the user's instruction, not be buried in a sentence
 # about something else: "stop" but not "bus stop schedule?", "报数" but not "what does 报数
@@ -89,9 +89,6 @@ COMMANDS: dict[DirectiveKind, Twins] = {
     ),
 }
 """The words of the directives that count only as the whole message."""
-
-EVERYONE: Twins = ((("all",), ("全体成员",)), (("everyone", "everybody"), ("所有人", "大家")))
-"""What follows an @ to address every member (`@all`, `@全体成员`)."""
 
 
 def _words(rows: Twins) -> str:

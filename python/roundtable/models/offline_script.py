@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from roundtable.domain import prompt_sections as sections
-from roundtable.domain.words import Twins, alternation
+from roundtable.domain.words import EVERYONE, Twins, alternation
 
 # The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
 # question about "number 7" that a supervisor puts in a task is no count-off.
@@ -78,6 +78,18 @@ def _seed(*parts: str) -> int:
     return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=4).digest(), "big")
 
 
+_EVERYONE = alternation(EVERYONE, re.escape)
+
+
+def _without_mentions(text: str, name: str) -> str:
+    """The user's words without the @s that address members: the speaker's own name and
+    the words for everyone, in either language (CJK text runs on after them without a
+    space: "@张三你好" to 张三 is 你好, "@所有人你们好" is 你们好), and other ASCII @names up
+    to their end. Another name run into CJK text stays: where it ends is not known here."""
+    pattern = rf"@(?:{re.escape(name)}|{_EVERYONE}|[A-Za-z0-9_.\-]+)\s*"
+    return re.sub(pattern, "", text, flags=re.IGNORECASE)
+
+
 def reply(system: str, last_user: str) -> str:
     """A member's answer: its count-off number, or a line in its persona's voice."""
     task = _sections(last_user).get(sections.TASK, "") or last_user.strip()
@@ -90,7 +102,7 @@ def reply(system: str, last_user: str) -> str:
     persona = secs.get(sections.PERSONA, "")
     voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
     topic = last_user.split(sections.TASK)[0].strip().splitlines()
-    subject = re.sub(r"@\S+\s*", "", topic[0] if topic else task).strip()[:80] or task[:80]
+    subject = _without_mentions(topic[0] if topic else task, name).strip()[:80] or task[:80]
     seed = _seed(name, subject)
     reply = f"{_OPENERS[seed % len(_OPENERS)]} about \u201c{subject}\u201d: "
     reply += _STANCES[(seed // 7) % len(_STANCES)]
