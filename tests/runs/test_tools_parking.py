@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from roundtable.server import RunningServer
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
@@ -166,6 +167,21 @@ async def test_a_parked_run_a_queued_run_of_its_thread_waits_for_goes_on_in_a_fu
     assert mcp.counts("note") == {sent_key("q-1", asked.permission_request_id): 1}
 
 
+def resume_fails_once(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The store's next `resume_parked` fails (the store went away), later ones go through;
+    the list holds the failed call's arguments once it happened."""
+    real, failures = server.store.resume_parked, []
+
+    async def fails_once(*args: object, **kwargs: object) -> bool:
+        if not failures:
+            failures.append(args)
+            raise OSError("the store went away")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(server.store, "resume_parked", fails_once)
+    return failures
+
+
 async def test_a_resume_that_meets_a_store_error_stays_parked_and_tries_again(
     start_server, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,15 +198,7 @@ async def test_a_resume_that_meets_a_store_error_stays_parked_and_tries_again(
         reader = Reader(stub.StartRun(request))
         asked = (await reader.until("permission_required")).permission_required
         await waiting_run(stub, "flaky")
-        real, failures = server.store.resume_parked, []
-
-        async def fails_once(*args: object, **kwargs: object) -> bool:
-            if not failures:
-                failures.append(args)
-                raise OSError("the store went away")
-            return await real(*args, **kwargs)
-
-        monkeypatch.setattr(server.store, "resume_parked", fails_once)
+        failures = resume_fails_once(server, monkeypatch)
         answer = await stub.ResolvePermission(
             resolve("flaky", asked.permission_request_id, APPROVE)
         )
@@ -221,15 +229,7 @@ async def test_a_cancel_whose_resume_meets_a_store_error_is_answered_and_ends_th
         reader = Reader(stub.StartRun(request))
         await reader.until("permission_required")
         await waiting_run(stub, "flaky-cancel")
-        real, failures = server.store.resume_parked, []
-
-        async def fails_once(*args: object, **kwargs: object) -> bool:
-            if not failures:
-                failures.append(args)
-                raise OSError("the store went away")
-            return await real(*args, **kwargs)
-
-        monkeypatch.setattr(server.store, "resume_parked", fails_once)
+        failures = resume_fails_once(server, monkeypatch)
         cancel = pb.CancelRunRequest(run_id="flaky-cancel", tenant="tenant-1")
         answer = await stub.CancelRun(cancel)
         assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
