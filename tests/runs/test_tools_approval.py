@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from roundtable.domain.tools import ToolCallRecord
 from roundtable.server import RunningServer
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -358,7 +359,10 @@ async def test_the_watch_of_runs_parked_on_a_replica_runs_only_while_one_is_park
 
 
 async def test_a_decision_in_a_parallel_group_starts_only_its_own_speaker_again(
-    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
+    server: RunningServer,
+    stub: pb_grpc.OrchestratorServiceStub,
+    mcp: McpServerProcess,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Outside testing: each decision started every speaker of the group still waiting
     # again (speaker_started, then nothing), so the stream said they spoke while they
@@ -379,8 +383,19 @@ async def test_a_decision_in_a_parallel_group_starts_only_its_own_speaker_again(
     assert len(asked) == 3
     first, *others = asked
     seen = len(reader.events)
+    reads: list[str] = []
+    read_calls = server.store.tool_calls
+
+    async def counted(tenant: str, run_id: str) -> list[ToolCallRecord]:
+        reads.append(run_id)
+        return await read_calls(tenant, run_id)
+
+    monkeypatch.setattr(server.store, "tool_calls", counted)
     await stub.ResolvePermission(resolve("pg1", first.permission_request_id, APPROVE))
     await reader.until("assistant_final")
+    # The decision's answer (its pending list) reads the run's calls once, and each
+    # resumed speaker once, the one that goes on included (twice before).
+    assert len(reads) == 4
     run = await waiting_run(stub, "pg1")
     assert len(run.pending_permissions) == 2
     started = of_kind(reader.events[seen:], "speaker_started")

@@ -27,7 +27,7 @@ from roundtable.domain.events import (
 from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Member, ModelRef
 from roundtable.domain.tools import ToolCallSummary
-from roundtable.graph.context import GraphContext, Parked
+from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import check_count_off, count_off_again
 from roundtable.graph.memory_select import memory_query, select_memories
 from roundtable.graph.prompts import member_messages
@@ -76,12 +76,13 @@ async def speak(
 
     The turn is one GenAI agent span (`invoke_agent <name>`); its model calls nest inside.
     """
-    waiting = await _still_waiting(ctx, step, caller_node)
+    resumed = await _resumed_tools(ctx, step, caller_node)
+    waiting = resumed.waiting_only() if resumed is not None else None
     if waiting is not None:
         raise waiting
     started = time.perf_counter()
     if ctx.tracer is None:
-        outcome = await _speak(ctx, step, replies, caller_node)
+        outcome = await _speak(ctx, step, replies, caller_node, resumed)
     else:
         member = ctx.request.snapshot.member(step.member_id)
         attributes: dict[str, AttributeValue] = {
@@ -95,7 +96,7 @@ async def speak(
         with ctx.tracer.start_as_current_span(
             f"invoke_agent {member.display_name}", attributes=attributes
         ):
-            outcome = await _speak(ctx, step, replies, caller_node)
+            outcome = await _speak(ctx, step, replies, caller_node, resumed)
     ctx.metrics.speaker_duration.record(
         time.perf_counter() - started,
         {"roundtable.outcome": "failed" if outcome.reply["failed"] else "final"},
@@ -103,32 +104,33 @@ async def speak(
     return outcome
 
 
-async def _still_waiting(ctx: GraphContext, step: PlanStep, caller_node: str) -> Parked | None:
-    """A resumed speaker whose calls all wait for a person (or are answered), each waiting
-    one announced already, would only park again: it parks at once, emitting nothing. A
+async def _resumed_tools(ctx: GraphContext, step: PlanStep, caller_node: str) -> ToolLoop | None:
+    """The tool loop of a resumed speaker whose requests are in the log (None otherwise:
+    the store is read only then). A speaker whose calls all still wait for a person, each
+    announced already, parks at once, emitting nothing (`ToolLoop.waiting_only`): a
     speaker_started would say it speaks while it waits (outside testing: each decision in
-    a parallel group started every speaker still waiting again). Reads the store only on
-    a resume where this speaker's requests are in the log."""
+    a parallel group started every speaker still waiting again). One that goes on answers
+    with this loop, so its records are read once."""
     runtime, prefix = ctx.tools, f"{step.reply_id}/"
     if runtime is None or not any(key.startswith(prefix) for key in ctx.prior.announced):
         return None
     member = ctx.request.snapshot.member(step.member_id)
-    loop = await ToolLoop.open(ctx, runtime, step, member, call_meta(ctx, caller_node))
-    return loop.waiting_only()
+    return await ToolLoop.open(ctx, runtime, step, member, call_meta(ctx, caller_node))
 
 
 class _Tally:
     """What a speaker's attempts add up to: tokens, model calls, the model that answered."""
 
-    def __init__(self) -> None:
+    def __init__(self, tool_loop: ToolLoop | None = None) -> None:
         self.usage = TokenUsage()
         self.model_calls = 0
         """Model calls, the harness's retries and failovers included."""
         self.answered_by = ""
         """The model of the last answer, once there is one."""
 
-        self.tool_loop: ToolLoop | None = None
-        """The speaker's tool calls, when it may make some."""
+        self.tool_loop = tool_loop
+        """The speaker's tool calls, when it may make some (a resumed speaker's, read
+        before it started)."""
 
     @property
     def tool_calls(self) -> tuple[ToolCallSummary, ...]:
@@ -161,7 +163,11 @@ class _TextStream:
 
 
 async def _speak(
-    ctx: GraphContext, step: PlanStep, replies: list[ReplyDict], caller_node: str
+    ctx: GraphContext,
+    step: PlanStep,
+    replies: list[ReplyDict],
+    caller_node: str,
+    resumed: ToolLoop | None,
 ) -> SpeakerOutcome:
     snapshot = ctx.request.snapshot
     member = snapshot.member(step.member_id)
@@ -177,7 +183,7 @@ async def _speak(
     ref = snapshot.model_for(member)
     number = step.count_off_number
     tries = 1 + (COUNT_OFF_MAX_RETRIES if number else 0)
-    texts, tally = _TextStream(ctx, step), _Tally()
+    texts, tally = _TextStream(ctx, step), _Tally(resumed)
     for attempt in range(1, tries + 1):
         await ctx.sink.emit(
             SpeakerStarted(
@@ -259,8 +265,10 @@ async def _answer(
     runtime = ctx.tools
     if not tools or runtime is None or step.count_off_number:
         return await ask(messages)
-    loop = await ToolLoop.open(ctx, runtime, step, member, call_meta(ctx, ask.node))
-    tally.tool_loop = loop
+    loop = tally.tool_loop
+    if loop is None:
+        loop = await ToolLoop.open(ctx, runtime, step, member, call_meta(ctx, ask.node))
+        tally.tool_loop = loop
     specs = tool_specs(tools)
     turn = 1
     while True:

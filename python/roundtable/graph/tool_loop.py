@@ -80,18 +80,19 @@ class ToolLoop:
     def waiting_only(self) -> Parked | None:
         """When every call the speaker recorded is answered or waits for a person, and each
         waiting one is announced already (in the log), unexpired and the run not stopped,
-        the speaker would only park again: the Parked it would raise; None otherwise."""
-        now, announced = self.runtime.clock(), self.ctx.prior.announced
+        the speaker would only park again: the Parked it would raise; None otherwise.
+        A pure check over the records read: `_one` would find the same and wait."""
+        announced = self.ctx.prior.announced
         open_calls = [r for r in self.records if r.status is not CallStatus.FINISHED]
-        if not open_calls or self.ctx.stop.requested:
+        if not open_calls:
             return None
         for r in open_calls:
             if not (
                 r.needs_approval
                 and r.verdict is Verdict.PENDING
                 and r.call_key in announced
-                and now < r.expires_at
                 and r.tool in self.tools
+                and self._lapse(r) is None
             ):
                 return None
         keys = tuple(r.call_key for r in open_calls)
@@ -200,11 +201,7 @@ class ToolLoop:
         store, run = self.runtime.store, self.ctx.request.context
         current = await store.tool_call(run.tenant, run.run_id, record.call_key) or record
         if current.verdict is Verdict.PENDING:
-            verdict = None
-            if self.ctx.stop.requested:
-                verdict = Verdict.CANCELLED
-            elif self.runtime.clock() >= current.expires_at:
-                verdict = Verdict.EXPIRED
+            verdict = self._lapse(current)
             if verdict is not None:
                 await store.decide_tool_call(
                     run.tenant, run.run_id, record.call_key, verdict, reason=verdict.value
@@ -212,6 +209,15 @@ class ToolLoop:
                 current = await store.tool_call(run.tenant, run.run_id, record.call_key) or current
         self._replace(current)
         return current
+
+    def _lapse(self, record: ToolCallRecord) -> Verdict | None:
+        """What a pending call comes to with no person deciding: cancelled when the run is
+        stopped (cancel, 停止), expired past its expiry; None while it may still wait."""
+        if self.ctx.stop.requested:
+            return Verdict.CANCELLED
+        if self.runtime.clock() >= record.expires_at:
+            return Verdict.EXPIRED
+        return None
 
     async def _announce(self, record: ToolCallRecord) -> None:
         """Emits permission_required once per call (a resumed speaker's is in the log)."""
