@@ -181,22 +181,28 @@ async def test_the_least_recently_used_of_too_many_targets_starts_its_faults_ove
 
 
 @pytest.mark.parametrize(
-    ("name", "text", "subject"),
+    ("name", "others", "text", "subject"),
     [
-        ("张三", "@张三你好", "你好"),
-        ("Mei", "@所有人你们好", "你们好"),
-        ("Mei", "@Mei what do you think?", "what do you think?"),
-        ("Bo", "@all hi there", "hi there"),
+        ("张三", (), "@张三你好", "你好"),
+        ("Mei", (), "@所有人你们好", "你们好"),
+        ("Mei", (), "@Mei what do you think?", "what do you think?"),
+        ("Bo", (), "@all hi there", "hi there"),
+        # Another member's name run into Chinese text: the group line names them all.
+        ("张三", ("李四", "李四光", "Mei"), "@李四光@张三你们好", "你们好"),
+        ("Mei", ("李四",), "@李四@Mei 今天吃什么", "今天吃什么"),
     ],
 )
 async def test_a_reply_is_about_the_users_words_not_the_mention(
-    name: str, text: str, subject: str
+    name: str, others: tuple[str, ...], text: str, subject: str
 ) -> None:
     # Outside testing: an @ run into Chinese text ("@张三你好") took the whole message with
     # it, and the reply quoted the task's text instead of the user's words.
+    system = f"You are {name}."
+    if others:
+        system += "\n\n" + sections.GROUP_CHAT.format(others=", ".join(others))
     call = ChatCall(
         messages=(
-            ChatMessage("system", f"You are {name}."),
+            ChatMessage("system", system),
             ChatMessage("user", f"{text}\n\n{sections.TASK}\nAnswer their latest message."),
         )
     )

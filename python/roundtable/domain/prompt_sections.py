@@ -13,6 +13,10 @@ TASK = "## Your task"
 ROSTER = "## Roster (JSON)"
 TURN = "## Turn (JSON)"
 
+GROUP_CHAT = "You are in a group chat with the user and {others}. Speak only for yourself."
+"""A group member's line on who else is here, the others' names joined by ", " (the offline
+model reads them back to tell an @ of another member from the words after it)."""
+
 SUPERVISOR_PLAN_TOOL = "SupervisorPlan"
 """Name of the supervisor's structured-output schema."""
 

@@ -34,10 +34,7 @@ def member_system_prompt(member: Member, snapshot: Snapshot, memories: Sequence[
         parts.append(f"{sections.MEMORIES}\n" + "\n".join(f"- {m.content}" for m in memories))
     others = [m.display_name for m in snapshot.members if m.member_id != member.member_id]
     if others and snapshot.session.kind is SessionKind.GROUP:  # a single chat is one-to-one
-        parts.append(
-            "You are in a group chat with the user and " + ", ".join(others) + ". "
-            "Speak only for yourself."
-        )
+        parts.append(sections.GROUP_CHAT.format(others=", ".join(others)))
     return "\n\n".join(parts)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from roundtable.domain import prompt_sections as sections
@@ -81,12 +82,19 @@ def _seed(*parts: str) -> int:
 _EVERYONE = alternation(EVERYONE, re.escape)
 
 
-def _without_mentions(text: str, name: str) -> str:
-    """The user's words without the @s that address members: the speaker's own name and
-    the words for everyone, in either language (CJK text runs on after them without a
-    space: "@张三你好" to 张三 is 你好, "@所有人你们好" is 你们好), and other ASCII @names up
-    to their end. Another name run into CJK text stays: where it ends is not known here."""
-    pattern = rf"@(?:{re.escape(name)}|{_EVERYONE}|[A-Za-z0-9_.\-]+)\s*"
+_GROUP = re.compile(
+    re.escape(sections.GROUP_CHAT).replace(re.escape("{others}"), "(.+?)"), re.MULTILINE
+)
+
+
+def _without_mentions(text: str, names: Sequence[str]) -> str:
+    """The user's words without the @s that address members: the members' names (the
+    speaker's and, in a group, the others' its prompt lists) and the words for everyone, in
+    either language (CJK text runs on after them without a space: "@张三你好" is 你好,
+    "@所有人你们好" is 你们好), and any other ASCII @name up to its end."""
+    ordered = sorted({n for n in names if n}, key=len, reverse=True)
+    members = "".join(f"{re.escape(n)}|" for n in ordered)
+    pattern = rf"@(?:{members}{_EVERYONE}|[A-Za-z0-9_.\-]+)\s*"
     return re.sub(pattern, "", text, flags=re.IGNORECASE)
 
 
@@ -102,7 +110,9 @@ def reply(system: str, last_user: str) -> str:
     persona = secs.get(sections.PERSONA, "")
     voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
     topic = last_user.split(sections.TASK)[0].strip().splitlines()
-    subject = _without_mentions(topic[0] if topic else task, name).strip()[:80] or task[:80]
+    group = _GROUP.search(system)
+    names = [name, *(group.group(1).split(", ") if group else ())]
+    subject = _without_mentions(topic[0] if topic else task, names).strip()[:80] or task[:80]
     seed = _seed(name, subject)
     reply = f"{_OPENERS[seed % len(_OPENERS)]} about \u201c{subject}\u201d: "
     reply += _STANCES[(seed // 7) % len(_STANCES)]
