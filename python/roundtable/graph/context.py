@@ -39,6 +39,11 @@ class EventSink(Protocol):
         ...
 
 
+SHUTDOWN_REASON = "server_shutdown"
+"""The stop a draining server asks of its runs: the run is interrupted, to resume when the
+same StartRun comes again; nobody cancelled it."""
+
+
 class StopSignal:
     """A graceful stop request, checked at every speaker boundary: by dispatch before each
     speaker, and by the supervisor before a later round.
@@ -65,6 +70,13 @@ class StopSignal:
     def requested(self) -> bool:
         """Whether a stop was requested."""
         return bool(self.reason)
+
+    @property
+    def denies(self) -> bool:
+        """Whether the stop denies the tool calls waiting for a person (recorded
+        `cancelled`): any stop someone asked for (a cancel, 停止, a new run's interrupt), not
+        a server's shutdown, which leaves them to be decided when the run resumes."""
+        return bool(self.reason) and self.reason != SHUTDOWN_REASON
 
     def request(self, reason: str) -> None:
         """Asks the run to stop before its next speaker (the first reason wins)."""

@@ -211,9 +211,10 @@ class ToolLoop:
         return current
 
     def _lapse(self, record: ToolCallRecord) -> Verdict | None:
-        """What a pending call comes to with no person deciding: cancelled when the run is
-        stopped (cancel, 停止), expired past its expiry; None while it may still wait."""
-        if self.ctx.stop.requested:
+        """What a pending call comes to with no person deciding: cancelled when someone
+        stopped the run (cancel, 停止; not a shutdown: `StopSignal.denies`), expired past
+        its expiry; None while it may still wait."""
+        if self.ctx.stop.denies:
             return Verdict.CANCELLED
         if self.runtime.clock() >= record.expires_at:
             return Verdict.EXPIRED

@@ -146,9 +146,10 @@ class Approvals:
 
 async def decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[str, ...]) -> bool:
     """Whether any of the calls the run parked on has a decision recorded already; a stop
-    asked for meanwhile is recorded as one (`cancelled`) for each."""
+    asked for meanwhile is recorded as one (`cancelled`) for each (a shutdown's is not:
+    the calls wait for the person still)."""
     tenant, run_id = live.key
-    if live.stop.requested:
+    if live.stop.denies:
         await cancel_calls(store, tenant, run_id, call_keys)
         return True
     for key in call_keys:

@@ -30,6 +30,7 @@ from roundtable.domain.events import (
 from roundtable.domain.plan import DirectiveKind, Route
 from roundtable.domain.snapshot import SessionKind
 from roundtable.graph.context import (
+    SHUTDOWN_REASON,
     Continuation,
     Drained,
     GraphContext,
@@ -46,7 +47,7 @@ from roundtable.runs.coordination import Coordination
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.runs.progress import cancelled_event, completed_event
-from roundtable.runs.registry import SHUTDOWN_REASON, LiveRegistry
+from roundtable.runs.registry import LiveRegistry
 from roundtable.runs.sink import RunSink
 from roundtable.store.base import LeaseLost, RunRecord, RunStatus
 from roundtable.telemetry.attributes import run_correlation

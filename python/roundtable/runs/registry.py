@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from roundtable.domain.errors import TooManyRuns
 from roundtable.domain.limits import RunLimits
+from roundtable.graph.context import SHUTDOWN_REASON
 from roundtable.runs.live import LiveRun
 from roundtable.runs.threads import LocalRun
 
 if TYPE_CHECKING:
     from roundtable.runs.execution import Launch
 
-SHUTDOWN_REASON = "server_shutdown"
 """The stop reason of runs a draining server interrupts (they resume on the same StartRun)."""
 
 
@@ -81,6 +81,11 @@ class LiveRegistry:
         """Keeps a run whose execution parked for approval: its streams stay attached (idle)
         and it gives up its place among the runs executing. At `wake_at` (its first
         request's expiry) `on_wake` resumes it: one timer, no task, per waiting run."""
+        if self.draining:
+            # Parked as the process stops (a call asked for during the drain's grace): as
+            # for the runs parked before it, nothing runs, and its streams end.
+            self.forget(live)
+            return
         if self._live.get(live.key) is live and live.key not in self._parked:
             self._per_tenant[live.record.tenant] -= 1
             self._parked[live.key] = launch

@@ -1,0 +1,125 @@
+"""Runs with tool calls when their server drains: a shutdown interrupts a run; unlike a
+cancel or 停止, it decides nothing for the person asked (or about to be asked).
+
+Over a real server (both stores) and the test MCP server (tests/support/mcp_server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+from roundtable.server import RunningServer
+from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
+from roundtable.v1 import snapshot_pb2 as spb
+from support.approvals import APPROVE, Reader, resolve, sent_key, tool_request
+from support.builders import collect, finals, kinds
+from support.mcp_server import McpServerProcess
+from support.stores import query
+
+ServerFactory = Callable[..., AbstractAsyncContextManager[RunningServer]]
+
+
+@asynccontextmanager
+async def draining_with_a_stream_open(
+    start_server: ServerFactory,
+    request: pb.StartRunRequest,
+    until: str,
+    prepare: Callable[[RunningServer], None] = lambda _: None,
+) -> AsyncIterator[Reader]:
+    """A server (`prepare`d) with `request`'s stream open; once the stream has brought
+    `until`, the server drains (a 5 s grace) while the client keeps its stream: the run is
+    stopped by the shutdown alone (a client that left would have cancelled it)."""
+    channel: grpc.aio.Channel | None = None
+    try:
+        async with start_server(grace_seconds=5.0) as server:
+            prepare(server)
+            channel = grpc.aio.insecure_channel(server.address)
+            reader = Reader(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
+            await reader.until(until)
+            yield reader
+        # The drain ended the stream, telling the client to send the same StartRun again.
+        await asyncio.wait({reader.task}, timeout=5)
+        error = reader.task.exception()
+        assert isinstance(error, grpc.aio.AioRpcError), error
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        if channel is not None:
+            await channel.close()
+
+
+async def approve_on_a_new_server(
+    start_server: ServerFactory, request: pb.StartRunRequest, mcp: McpServerProcess
+) -> None:
+    """The next server lists the call as waiting; approved there, the same StartRun runs the
+    tool once and completes the run."""
+    run_id = request.context.run_id
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        run = (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
+        assert run.status == pb.RUN_STATUS_AWAITING_APPROVAL
+        (asked,) = run.pending_permissions
+        await stub.ResolvePermission(resolve(run_id, asked.permission_request_id, APPROVE))
+        events = await collect(stub.StartRun(request))
+    assert kinds(events)[-1] == "run_completed"
+    (final,) = finals(events)
+    assert "noted 'buy milk' (1)" in final.content
+    assert mcp.counts("note") == {sent_key(run_id, asked.permission_request_id): 1}
+
+
+def verdicts(store_url: str, run_id: str) -> list[Any]:
+    return query(store_url, f"SELECT verdict FROM rt_tool_calls WHERE run_id = '{run_id}'")
+
+
+async def test_a_call_asked_for_during_the_drain_waits_for_the_person(
+    start_server: ServerFactory, store_url: str, mcp: McpServerProcess
+) -> None:
+    # Review: the shutdown's stop counted as a cancel; a speaker still answering when the
+    # drain began, whose model then asked for a call that needs approval, recorded it
+    # denied: nobody was asked, and the model was told the person said no.
+    request = tool_request("use note for buy milk", mcp, "drain-asks")
+    slow = spb.ModelTarget(provider="offline", model="m", base_url="offline:?latency_ms=600")
+    request.snapshot.session.default_model.CopyFrom(spb.ModelRef(target=slow))
+    async with draining_with_a_stream_open(start_server, request, "speaker_started") as reader:
+        pass
+    assert kinds(reader.events)[-1] == "permission_required", "asked, and the stream ended"
+    assert not finals(reader.events)
+    assert verdicts(store_url, "drain-asks") == [("",)]
+    await approve_on_a_new_server(start_server, request, mcp)
+
+
+async def test_a_call_announced_as_the_drain_begins_is_not_denied(
+    start_server: ServerFactory,
+    store_url: str,
+    mcp: McpServerProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Review: the run announced its request and was writing its parked row when the drain
+    # began; the park-time check took the shutdown for a cancel and denied the call the
+    # person had just been asked about.
+    request = tool_request("use note for buy milk", mcp, "drain-parks")
+
+    def slow_parks(server: RunningServer) -> None:
+        park = server.store.park_run
+
+        async def slow_park(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.5)  # the drain begins meanwhile
+            return await park(*args, **kwargs)
+
+        monkeypatch.setattr(server.store, "park_run", slow_park)
+
+    async with draining_with_a_stream_open(
+        start_server, request, "permission_required", slow_parks
+    ) as reader:
+        pass
+    assert kinds(reader.events)[-1] == "permission_required"
+    assert verdicts(store_url, "drain-parks") == [("",)]
+    await approve_on_a_new_server(start_server, request, mcp)
