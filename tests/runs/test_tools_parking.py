@@ -119,6 +119,25 @@ async def test_a_parked_run_that_finds_the_process_full_goes_on_once_a_place_fre
         assert mcp.counts("note") == {}
 
 
+async def test_a_cancel_ends_a_parked_run_at_once_in_a_full_process(
+    start_server, mcp: McpServerProcess
+) -> None:
+    """A cancelled parked run only writes its end (no model, no tool): it needs no place.
+    Review: it waited for one; CancelRun answered with the run still AWAITING_APPROVAL,
+    and its stream and its thread stayed busy until another run ended."""
+    request = tool_request("use note for buy milk", mcp, "full-cancel")
+    async with parked_in_a_full_process(start_server, request) as (stub, reader, _):
+        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-cancel"))))
+        await until_status(stub, "busy-cancel", pb.RUN_STATUS_RUNNING)
+        answer = await stub.CancelRun(pb.CancelRunRequest(run_id="full-cancel", tenant="tenant-1"))
+        assert answer.run.status == pb.RUN_STATUS_CANCELLED
+        events = await reader.end()
+        assert not busy.done(), "it ended while the other run held the place"
+        assert kinds(await busy)[-1] == "run_completed"
+    assert kinds(events)[-1] == "run_cancelled"
+    assert mcp.counts("note") == {}
+
+
 async def test_a_run_is_said_to_wait_only_once_its_place_is_free(
     start_server, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:

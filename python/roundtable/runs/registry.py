@@ -121,9 +121,10 @@ class LiveRegistry:
         return self._parked.get((tenant, run_id))
 
     def unpark(self, live: LiveRun) -> Launch:
-        """Takes a parked run back among the runs executing (its decision came). A run of
-        its thread queued behind it here holds a place waiting for it to end: then it
-        goes on whatever the limits (else neither could ever go on).
+        """Takes a parked run back among the runs executing (its decision came). It goes on
+        whatever the limits when a run of its thread queued behind it here holds a place
+        waiting for it to end (else neither could ever go on), and when it was stopped (a
+        cancel, 停止): it only writes its end, and must not wait for a place to do that.
 
         Raises:
             TooManyRuns: the process or the tenant runs as many runs as it may.
@@ -134,7 +135,7 @@ class LiveRegistry:
             other is not live and other.key not in self._parked and not other.done.is_set()
             for other in self._threads.get(live.thread_key, ())
         )
-        if not waited_for:
+        if not waited_for and not live.stop.requested:
             self.check_capacity(live.record.tenant)
         del self._parked[live.key]
         timer = self._timers.pop(live.key, None)
