@@ -17,15 +17,16 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from roundtable.domain.tools import ToolCallRecord
 from roundtable.server import RunningServer
+from roundtable.store.base import StoredEvent
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
-from roundtable.v1 import snapshot_pb2 as spb
 from support.approvals import (
     APPROVE,
     DENY,
     WEATHER_SCHEMA,
     Reader,
+    group_tool_request,
     reason_of,
     resolve,
     sent_key,
@@ -367,15 +368,7 @@ async def test_a_decision_in_a_parallel_group_starts_only_its_own_speaker_again(
     # Outside testing: each decision started every speaker of the group still waiting
     # again (speaker_started, then nothing), so the stream said they spoke while they
     # waited for a person.
-    request = tool_request("@all use note for buy milk", mcp, "pg1")
-    mei = request.snapshot.members[0]
-    for member_id, name in (("kai", "Kai"), ("lin", "Lin")):
-        other = request.snapshot.members.add()
-        other.CopyFrom(mei)
-        other.member_id, other.display_name = member_id, name
-    request.snapshot.session.kind = spb.SESSION_KIND_GROUP
-    request.snapshot.session.primary_member_id = "mei"
-    request.snapshot.session.speaker_concurrency = spb.SPEAKER_CONCURRENCY_PARALLEL
+    request = group_tool_request("@all use note for buy milk", mcp, "pg1", parallel=True)
     reader = Reader(stub.StartRun(request))
     await reader.until("permission_required", nth=3)
     await waiting_run(stub, "pg1")
@@ -424,3 +417,41 @@ def test_edited_arguments_are_the_same_only_as_the_same_json_text_values(
     from roundtable.runs.approvals import _same_json
 
     assert _same_json(recorded, sent) is same
+
+
+async def test_a_stream_attached_as_the_run_parks_gets_every_event(
+    server: RunningServer,
+    stub: pb_grpc.OrchestratorServiceStub,
+    mcp: McpServerProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Review: StreamRun reads the events of the run's earlier executions from the log,
+    # then takes the rest from memory. A run that parked while that read was on its way
+    # (a round trip on Postgres) dropped from memory the event the read came too early
+    # for (its permission_required): the stream skipped that seq.
+    run_id = "attach-park"
+    first = Reader(stub.StartRun(group_tool_request("@all use note for buy milk", mcp, run_id)))
+    asked = (await first.until("permission_required")).permission_required
+    await waiting_run(stub, run_id)
+    await stub.ResolvePermission(resolve(run_id, asked.permission_request_id, APPROVE))
+    await first.until("speaker_started", nth=2)  # Kai, in the run's second execution
+    read_events, parked = server.store.read_events, asyncio.Event()
+
+    async def answers_once_parked(tenant: str, rid: str, after_seq: int) -> list[StoredEvent]:
+        rows = await read_events(tenant, rid, after_seq)
+        async with asyncio.timeout(10):
+            await parked.wait()
+        return rows
+
+    monkeypatch.setattr(server.store, "read_events", answers_once_parked)
+    second = Reader(stub.StreamRun(pb.StreamRunRequest(run_id=run_id, tenant="tenant-1")))
+    asked = (await first.until("permission_required", nth=2)).permission_required
+    await waiting_run(stub, run_id)
+    parked.set()  # the read made before the park answers now
+    await stub.ResolvePermission(resolve(run_id, asked.permission_request_id, APPROVE))
+    asked = (await first.until("permission_required", nth=3)).permission_required
+    await waiting_run(stub, run_id)
+    await stub.ResolvePermission(resolve(run_id, asked.permission_request_id, APPROVE))
+    events = await first.end()
+    assert kinds(events)[-1] == "run_completed"
+    assert [e.seq for e in await second.end()] == [e.seq for e in events]

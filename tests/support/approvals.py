@@ -62,6 +62,25 @@ def tool_request(
     return request
 
 
+def group_tool_request(
+    text: str, mcp: McpServerProcess, run_id: str, *, parallel: bool = False
+) -> pb.StartRunRequest:
+    """`tool_request` as a group of three alike (Mei, Kai, Lin), one after another unless
+    `parallel`."""
+    request = tool_request(text, mcp, run_id)
+    mei = request.snapshot.members[0]
+    for member_id, name in (("kai", "Kai"), ("lin", "Lin")):
+        other = request.snapshot.members.add()
+        other.CopyFrom(mei)
+        other.member_id, other.display_name = member_id, name
+    session = request.snapshot.session
+    session.kind = spb.SESSION_KIND_GROUP
+    session.primary_member_id = "mei"
+    if parallel:
+        session.speaker_concurrency = spb.SPEAKER_CONCURRENCY_PARALLEL
+    return request
+
+
 class Reader:
     """A StartRun stream read event by event in the background."""
 

@@ -249,6 +249,12 @@ class LiveRun:
         """(tenant, thread_id)."""
         return (self.record.tenant, self.record.thread_id)
 
+    @property
+    def first_in_memory(self) -> int:
+        """The seq of the first durable event a stream can take from memory (the backlog of
+        this execution); those before it are in the log only."""
+        return self.backlog[0].seq if self.backlog else self.record.last_seq + 1
+
     def subscribe(self, after_seq: int, *, head: Sequence[Envelope] = ()) -> Subscription:
         """A stream of the durable events after `after_seq`, then the live ones.
 

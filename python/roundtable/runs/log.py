@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from roundtable.codec.events import decode, kind_of, seal
+from roundtable.domain.errors import StreamGap
 from roundtable.domain.events import Envelope, Event, RunFailed
 from roundtable.domain.plan import PlanStep
 from roundtable.runs.progress import Progress
@@ -30,6 +32,26 @@ class EventLog:
     async def read(self, tenant: str, run_id: str, after_seq: int = 0) -> list[Envelope]:
         """The run's events with seq > after_seq, in order."""
         return [decode(e.body) for e in await self.store.read_events(tenant, run_id, after_seq)]
+
+    async def read_up_to(
+        self, tenant: str, run_id: str, after_seq: int, first_kept: Callable[[], int]
+    ) -> list[Envelope]:
+        """The events after `after_seq` up to those a live run keeps in memory, from
+        `first_kept()` on: a moving mark, asked again after each read, since the run may
+        go on, or park and let its events go from memory, while a read is on its way
+        (review: a stream skipped the permission_required its read came too early for).
+
+        Raises:
+            StreamGap: the log lacks events before the mark (never skipped silently).
+        """
+        head: list[Envelope] = []
+        while after_seq + 1 < first_kept():
+            more = await self.read(tenant, run_id, after_seq)
+            if not more:
+                raise StreamGap(f"the event log of run {run_id!r} is missing events")
+            head += more
+            after_seq = more[-1].seq
+        return head
 
     async def progress(self, record: RunRecord) -> Progress:
         """The run's progress as its log records it; sets `record.last_seq` from the log."""

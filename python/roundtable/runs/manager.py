@@ -314,11 +314,9 @@ class RunManager:
         """A stream of a run this process executes: durable events after `after_seq`, then
         the live ones."""
         live.check_room()  # before reading the log for it
-        first_in_memory = live.backlog[0].seq if live.backlog else live.record.last_seq + 1
-        head: list[Envelope] = []
-        if after_seq + 1 < first_in_memory:
-            # Events of an earlier execution of the run are in the log, not in memory.
-            head = await self.log.read(live.record.tenant, live.record.run_id, after_seq)
+        # Events of an earlier execution of the run are in the log, not in memory.
+        tenant, run_id = live.key
+        head = await self.log.read_up_to(tenant, run_id, after_seq, lambda: live.first_in_memory)
         return live.subscribe(after_seq, head=head)
 
     def unsubscribe(self, tenant: str, run_id: str, sub: Subscription) -> None:
