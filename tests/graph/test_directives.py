@@ -105,6 +105,48 @@ def test_mentions_are_found_however_the_name_is_typed(text, who) -> None:
     assert directive.member_ids == who
 
 
+CHAT = (
+    Member(member_id="mei", display_name="Mei", aliases=("梅",)),
+    Member(member_id="kai", display_name="Kai"),
+    Member(member_id="bo", display_name="Bo"),
+)
+_EVERYONE_IN_CHAT = ("mei", "kai", "bo")
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "members"),
+    [
+        # Outside testing: an @ right after a Chinese character was taken for one inside a
+        # word, so these were open discussions (or lost their second name), their English
+        # twins not. Chinese needs no space before an @.
+        ("@Mei和@Kai你们好", DirectiveKind.MENTION, ("mei", "kai")),
+        ("@Mei and @Kai hi", DirectiveKind.MENTION, ("mei", "kai")),
+        ("那@Bo怎么看？", DirectiveKind.MENTION, ("bo",)),
+        ("what about @Bo?", DirectiveKind.MENTION, ("bo",)),
+        ("请@Mei回答", DirectiveKind.MENTION, ("mei",)),
+        ("please @Mei answer", DirectiveKind.MENTION, ("mei",)),
+        ("问一下@梅", DirectiveKind.MENTION, ("mei",)),
+        ("ask @梅", DirectiveKind.MENTION, ("mei",)),
+        ("谢谢@全体成员！", DirectiveKind.ALL, _EVERYONE_IN_CHAT),
+        ("thanks @all!", DirectiveKind.ALL, _EVERYONE_IN_CHAT),
+        ("你好@大家", DirectiveKind.ALL, _EVERYONE_IN_CHAT),
+        ("hi @everyone", DirectiveKind.ALL, _EVERYONE_IN_CHAT),
+        # An @ inside a Latin word or an e-mail address is still none.
+        ("bob@all.org", DirectiveKind.OPEN, ()),
+        ("写信到bob@all.org", DirectiveKind.OPEN, ()),
+        ("x@Mei", DirectiveKind.OPEN, ()),
+        ("see mei.bo@kai", DirectiveKind.OPEN, ()),
+        ("@allison hi", DirectiveKind.OPEN, ()),
+        ("你好@allison", DirectiveKind.OPEN, ()),
+        ("the @all-hands meeting", DirectiveKind.OPEN, ()),
+        ("明天@all-hands开会", DirectiveKind.OPEN, ()),
+    ],
+)
+def test_an_at_right_after_chinese_text_is_a_mention(text, kind, members) -> None:
+    directive = classify(replace(snap(text), members=CHAT))
+    assert (directive.kind, directive.member_ids) == (kind, members), text
+
+
 @pytest.mark.parametrize(
     ("text", "kind"),
     [
