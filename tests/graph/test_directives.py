@@ -80,6 +80,9 @@ def named(text: str) -> Snapshot:
         "@Lindsey said hi",
         "@anyone there?",
         "stop@example.org",
+        "@u-2000 said hi",
+        "@u-200_b said hi",
+        "@u-200x你好",
     ],
 )
 def test_words_inside_other_words_or_sentences_are_no_directive(text) -> None:
@@ -96,6 +99,10 @@ def test_words_inside_other_words_or_sentences_are_no_directive(text) -> None:
         ("@Jose\u0301 hi", ("u-100",)),  # the accent as a combining mark (NFD)
         ("@JOSÉ and @lin", ("u-100", "u-200")),
         ("@u-200 please", ("u-200",)),
+        # Outside testing: an id run into Chinese text was none, a name so run on was one
+        # (CJK never goes on an id: ids are ASCII).
+        ("@u-200你好", ("u-200",)),
+        ("@u-200的看法呢", ("u-200",)),
         ("@a, what now?", ("a",)),
     ],
 )
@@ -346,6 +353,9 @@ def test_every_word_for_everyone_after_an_at_is_all(word: str) -> None:
         ("@全体成员请报数", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
         ("@all请报数", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
         ("@Alice @Bob，停止", DirectiveKind.STOP, ()),
+        ("@a停止", DirectiveKind.STOP, ()),  # a member id, as a name
+        ("@a stop", DirectiveKind.STOP, ()),
+        ("@c报数", DirectiveKind.COUNT_OFF, ("a", "b", "c")),
         ("@所有人你们好", DirectiveKind.ALL, ("a", "b", "c")),
         ("@all请回答", DirectiveKind.ALL, ("a", "b", "c")),
         # Still no directive: a name that goes on, an @ of nobody before CJK, a sentence.

@@ -149,14 +149,15 @@ class _Name:
     def ends_at(self, text: str, end: int) -> bool:
         """Whether a mention of this name may end at `end` of `text`.
 
-        "@Lin" is not "@Lindsey", and "@a" is no "@anyone"; but "@Lin的看法" and "@张三你好"
-        are mentions: CJK text runs on after a name without a space.
+        "@Lin" is not "@Lindsey", and "@a" is no "@anyone"; but "@Lin的看法", "@张三你好" and
+        "@u123你好" are mentions: CJK text runs on after a name or an id without a space.
         """
         if end >= len(text):
             return True
         following = text[end]
         if self.is_id:
-            return not (following.isalnum() or following in "-_")
+            # Ids are ASCII ([A-Za-z0-9._:-]): a CJK character can never go on one.
+            return is_cjk(following) or not (following.isalnum() or following in "-_")
         if not following.isalnum():
             return True  # space, punctuation, "'s"
         return is_cjk(following) or is_cjk(self.text[-1])
@@ -166,8 +167,8 @@ def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
     """Every way to @ a member, by first character, longest first. A clash is settled the
     same way every time: a member id beats another member's name or alias (ids are the
     unique ones), and between names and aliases the member first in the roster wins. A
-    text that is an id and also a name (id "mei", name "Mei") ends like a name: CJK may
-    run on after it."""
+    text that is an id and also a name (id "mei", name "Mei") ends like a name: a hyphen
+    may follow it ("@Mei-chan")."""
     spelled_as_name = {fold(spelled) for m in members for spelled in (m.display_name, *m.aliases)}
     names: dict[str, _Name] = {}
     spellings = itertools.chain(
