@@ -392,6 +392,56 @@ def test_every_filler_around_every_directive(
         assert classify(snap(text)).kind is kind, text
 
 
+_WRAPPED = (
+    (
+        "({command})",
+        '"{command}"',
+        "'{command}'",
+        "\u201c{command}\u201d",
+        "\u2018{command}\u2019",
+        "[{command}]",
+        "{command}\u2014",
+        "{command} \u2013 ",
+        "-- {command} --",
+        "{command} \U0001f600",
+        "\U0001f6d1 {command}!",
+        "{command} \U0001f44b\U0001f3fb",
+        "{command} {command}",
+        "{command}, please {command}!",
+    ),
+    (
+        "（{command}）",
+        "「{command}」",
+        "『{command}』",
+        "【{command}】",
+        "《{command}》",
+        "\u201c{command}\u201d",
+        "{command}——",
+        "{command}\U0001f600",
+        "\u270b{command}！",
+        "{command}\u2764\ufe0f",
+        "{command}{command}",
+        "{command}！{command}！",
+        "{command}，请{command}",
+    ),
+)
+"""Quotes, brackets and dashes around a command, an emoji by it, the command said again:
+punctuation and emphasis, in English and in Chinese."""
+
+
+@pytest.mark.parametrize("kind", list(_COMMANDS))
+@pytest.mark.parametrize(
+    ("language", "form"), [(language, f) for language in (0, 1) for f in _WRAPPED[language]]
+)
+def test_quotes_brackets_dashes_emoji_or_a_repeat_leave_a_directive(
+    kind: DirectiveKind, language: int, form: str
+) -> None:
+    # Outside testing: "(stop)", "（停止）", "「停止」", "stop—", "stop 😀", "停止停止" were
+    # open discussions.
+    text = form.format(command=_COMMANDS[kind][language])
+    assert classify(snap(text)).kind is kind, text
+
+
 @pytest.mark.parametrize("kind", list(_COMMANDS))
 @pytest.mark.parametrize("filler", _EN)
 def test_an_english_word_meets_chinese_without_a_space_but_not_another_english_word(
@@ -418,7 +468,13 @@ def test_chinese_fillers_from_the_field(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["also stop", "不要停止", "别报数", "bus stop schedule?", "okaystop", "不停"]
+    "text",
+    [
+        *("also stop", "不要停止", "别报数", "bus stop schedule?", "okaystop", "不停"),
+        # Punctuation, emoji and a repeat make no sentence a command (outside testing).
+        *("stop the music", "don't stop", "(stop) what?", "stop 😀 the music", "stopstop"),
+        *("“停止”是什么意思？", "停止😀音乐", "不要停止停止", "「报数」是什么", "stop, continue"),
+    ],
 )
 def test_a_filler_is_a_word_and_a_negation_is_no_filler(text: str) -> None:
     assert classify(snap(text)).kind not in {DirectiveKind.STOP, DirectiveKind.COUNT_OFF}

@@ -54,7 +54,13 @@ def _as_word(word: str) -> str:
 
 
 _POLITE = f"(?:{alternation(FILLERS, _as_word)})"
-_EDGE = r"[\s,.!?;:~，。！？；：、…]*"
+_PUNCTUATION = r"\s,.!?;:~，。！？；：、…\"'“”‘’()\[\]（）「」『』【】《》〈〉\-–—―"
+"""Punctuation around a command, as a regex class body: quotes, brackets and dashes as well
+("(stop)", "「停止」", "stop—", "停止——"), in both languages' forms."""
+_EMOJI = "\u200d\ufe0f\u2300-\u23ff\u2600-\u27bf\u2b00-\u2bff\U0001f000-\U0001faff"
+"""Emoji and symbols, with their joiner and presentation selector ("stop 😀", "✋停止",
+"stop 👋🏻"): they say how a command is meant, not what else it asks."""
+_EDGE = f"[{_PUNCTUATION}{_EMOJI}]*"
 
 
 def _directive(words: str) -> re.Pattern[str]:
@@ -63,8 +69,11 @@ def _directive(words: str) -> re.Pattern[str]:
     # engine try every split of a long run of them, exponentially (measured: 4 s for 44
     # characters). Each filler is tried longest first, so no match needs a second split.
     polite = rf"(?>{_POLITE}{_EDGE})*+"
+    # The command may be said again, with fillers between ("stop stop", "停止停止", "停！停！",
+    # "stop, please stop"): emphasis, not another request. Only the same kind: "stop,
+    # continue" is no command, and a word that is neither ("stop the music") ends it.
     return re.compile(
-        rf"^{_EDGE}(?:@\S+\s+)*+{polite}(?:{words}){_EDGE}{polite}$",
+        rf"^{_EDGE}(?:@\S+\s+)*+{polite}(?:(?:{words}){_EDGE}{polite})++$",
         re.IGNORECASE,
     )
 
