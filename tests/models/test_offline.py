@@ -127,6 +127,25 @@ def test_every_remember_cue_in_either_language_keeps_what_follows(cue: str, lang
 
 
 @pytest.mark.parametrize(
+    ("text", "fact"),
+    [
+        # Outside testing: "please remember that X" proposed "that X" ("remember that X",
+        # X); the polite cue keeps what follows "that" as the plain one does.
+        ("@Mei please remember that I live in Paris", "I live in Paris"),
+        ("Please remember that I live in Paris.", "I live in Paris"),
+        ("remember that I live in Paris", "I live in Paris"),
+        ("please remember: I live in Paris", "I live in Paris"),
+        ("please remember Thatcher's speech", "Thatcher's speech"),
+        ("@梅 请记住我住在巴黎", "我住在巴黎"),
+        ("请记住：我住在巴黎。", "我住在巴黎"),
+        ("记住，我住在巴黎", "我住在巴黎"),
+    ],
+)
+def test_a_remembered_fact_is_what_follows_the_whole_cue(text: str, fact: str) -> None:
+    assert remembered(text) == [fact]
+
+
+@pytest.mark.parametrize(
     ("cue", "language"),
     [(w, lang) for row in PREFER for lang, side in enumerate(row) for w in side],
 )

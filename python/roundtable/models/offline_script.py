@@ -19,10 +19,12 @@ _NUMBER_TASK = re.compile(r"^Count-off \(报数\): you are number (\d+) of \d+\.
 # The supervisor prompt's step limit, as graph/prompts.supervisor_messages writes it.
 _MAX_STEPS = re.compile(r"^Plan at most (\d+) steps\.", re.MULTILINE)
 REMEMBER: Twins = (
-    (("please remember", "remember that", "remember:", "remember"), ("请记住", "记住")),
+    (("please remember that", "please remember"), ("请记住",)),
+    (("remember that", "remember:", "remember"), ("记住",)),
 )
 """Cues whose rest of the sentence the offline model proposes to remember ("remember that
-X" keeps X)."""
+X" keeps X). The longest cue is tried first, so each polite cue needs its own "that": with
+"please remember" alone, "please remember that X" kept "that X"."""
 PREFER: Twins = ((("I prefer",), ("我更喜欢",)), (("I like",), ("我喜欢",)))
 """Statements the offline model proposes to remember whole (the verb is the fact)."""
 
