@@ -158,7 +158,10 @@ func memoryID(tenant, proposalID string) string {
 
 // rememberPrefixes are how users ask to remember something; they are not part of what
 // is remembered ("remember that I prefer tea" is the memory "I prefer tea").
-var rememberPrefixes = []string{"please remember that ", "please remember ", "remember that ", "remember: ", "记住：", "记住:", "记住，", "记住"}
+var rememberPrefixes = []string{
+	"please remember that ", "please remember ", "remember that ", "remember: ",
+	"请记住：", "请记住:", "请记住，", "请记住", "记住：", "记住:", "记住，", "记住",
+}
 
 // normalize is how memory contents are compared: case, spacing, a "remember that"
 // and trailing punctuation do not make a memory new.

@@ -37,6 +37,8 @@ func TestMemoryRules(t *testing.T) {
 	}{
 		{create("p0", "mei", "I prefer green tea", 0.7), ""},
 		{create("p1", "mei", "remember that I prefer green tea.", 0.9), "duplicate of memory mem-"},
+		{create("p1b", "lin", "我更喜欢绿茶", 0.7), ""},
+		{create("p1c", "lin", "请记住我更喜欢绿茶。", 0.9), "duplicate of memory mem-"},
 		{create("p2", "lin", "I prefer green tea", 0.7), ""}, // another member may know it too
 		{create("p3", "kai", "likes  RAIN", 0.5), "duplicate of memory k1"},
 		{create("p4", "zed", "I prefer green tea", 0.7), "unknown member"},

@@ -137,7 +137,10 @@ export function memoryId(tenant: string, proposalId: string): string {
 }
 
 /** How users ask to remember something; not part of what is remembered. */
-const REMEMBER_PREFIXES = ["please remember that ", "please remember ", "remember that ", "remember: ", "记住：", "记住:", "记住，", "记住"];
+const REMEMBER_PREFIXES = [
+  "please remember that ", "please remember ", "remember that ", "remember: ",
+  "请记住：", "请记住:", "请记住，", "请记住", "记住：", "记住:", "记住，", "记住",
+];
 
 /** How contents are compared: case, spacing, a "remember that" and trailing punctuation do not make a memory new. */
 export function normalize(text: string): string {
