@@ -87,6 +87,34 @@ async def test_a_call_to_a_tool_the_member_may_not_use_is_refused_without_runnin
     assert not of_kind(events, "permission_required")
 
 
+async def test_the_model_hears_the_arguments_a_person_edited(
+    start_server, mcp: McpServerProcess
+) -> None:
+    # Review: the model was shown the result as the answer to the arguments it asked
+    # with, not to the person's edit the tool ran with.
+    provider = EagerTools(tool="note")
+    request = tool_request("note it", mcp, "edit-heard")
+    request.snapshot.members[0].model.CopyFrom(model_ref("eager"))
+    request.snapshot.session.budgets.max_tool_calls_per_speaker = 1
+    edited = json.dumps({"text": "buy oat milk"})
+    async with (
+        start_server(providers={"eager": provider}) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, "edit-heard")
+        decision = resolve("edit-heard", asked.permission_request_id, APPROVE)
+        decision.edited_arguments_json = edited
+        await stub.ResolvePermission(decision)
+        events = await reader.end()
+    assert kinds(events)[-1] == "run_completed"
+    (result,) = [m.content for m in provider.calls[-1].messages if m.role == "tool"]
+    assert f"it ran with {edited}" in result and f"按 {edited} 执行" in result
+    assert "noted 'buy oat milk' (1)" in result
+
+
 async def test_in_a_parallel_group_the_others_finish_while_one_speaker_waits(
     stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
 ) -> None:

@@ -155,7 +155,9 @@ class ToolLoop:
                 continue
             text, outcome = answer
             self.summaries.append(ToolCallSummary(record.call_key, record.tool, outcome))
-            answers.append(ChatMessage("tool", text, tool_call_id=_call_id(record)))
+            answers.append(
+                ChatMessage("tool", self._told(record, text), tool_call_id=_call_id(record))
+            )
         if waiting:
             raise Parked(tuple(r.call_key for r in waiting), min(r.expires_at for r in waiting))
         asked = tuple(ModelToolCall(_call_id(r), r.tool, r.arguments_json) for r in calls)
@@ -275,6 +277,18 @@ class ToolLoop:
         )
         record.status, record.result_text, record.outcome = CallStatus.FINISHED, text, outcome.value
         return text, outcome
+
+    def _told(self, record: ToolCallRecord, text: str) -> str:
+        """What the model is told of a call's result: with the arguments it ran with when a
+        person edited them (the model's own call, in its turn, still shows what it asked)."""
+        current = next((r for r in self.records if r.call_key == record.call_key), record)
+        if not current.edited_arguments_json or current.verdict is not Verdict.APPROVE:
+            return text
+        edited = current.edited_arguments_json
+        return (
+            f"The person approved this call with edited arguments; it ran with {edited}. "
+            f"/ 审批人修改参数后批准了此调用，按 {edited} 执行。\n\n{text}"
+        )
 
     def _replace(self, record: ToolCallRecord) -> None:
         for i, known in enumerate(self.records):
