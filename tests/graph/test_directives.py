@@ -6,10 +6,26 @@ from dataclasses import replace
 
 import pytest
 from roundtable.domain.plan import DirectiveKind, PlanStep
-from roundtable.domain.snapshot import Member, Memory, Session, SessionKind, Snapshot, UserTurn
+from roundtable.domain.snapshot import (
+    HistoryMessage,
+    Member,
+    Memory,
+    MessageRole,
+    Session,
+    SessionKind,
+    Snapshot,
+    UserTurn,
+)
 from roundtable.graph import tasks
 from roundtable.graph.countoff import check_count_off, count_off_task
-from roundtable.graph.directives import COMMANDS, EVERYONE, FILLERS, classify, is_cjk
+from roundtable.graph.directives import (
+    COMMANDS,
+    EVERYONE,
+    FILLERS,
+    classify,
+    continued_text,
+    is_cjk,
+)
 from roundtable.graph.memory_select import memory_query, select_memories
 from support.bounded import call_bounded
 
@@ -571,3 +587,29 @@ def test_a_wrong_count_off_is_asked_again_in_both_languages_whatever_its_problem
         assert problem
         again = count_off_again(problem, 3)
         assert f"That reply {problem}." in again and "请只回复你的数字 3" in again
+
+
+USER, ASSISTANT = MessageRole.USER, MessageRole.ASSISTANT
+
+
+@pytest.mark.parametrize(
+    ("history", "continued"),
+    [
+        # What the stopped run answered, past the replies it gave and the stop.
+        (
+            [(USER, "what should we cook tonight?"), (ASSISTANT, "Pasta."), (USER, "停止")],
+            "what should we cook tonight?",
+        ),
+        ([(USER, "今晚吃什么？"), (USER, "@Alice stop!"), (USER, "继续")], "今晚吃什么？"),
+        ([(USER, "今晚吃什么？"), (USER, "请停止"), (USER, "go on, please")], "今晚吃什么？"),
+        # Nothing else the user said: the turn's own words.
+        ([(USER, "stop"), (ASSISTANT, "Pasta.")], "继续"),
+        ([], "继续"),
+    ],
+)
+def test_a_continue_turn_answers_what_the_stopped_run_was_answering(
+    history: list[tuple[MessageRole, str]], continued: str
+) -> None:
+    # Outside testing: the speakers a continue turn took over answered "继续" itself.
+    messages = tuple(HistoryMessage(role=role, content=text) for role, text in history)
+    assert continued_text(replace(snap("继续"), history=messages)) == continued

@@ -93,12 +93,22 @@ async def test_graceful_cancel_finishes_the_speaker_then_continue_resumes(stub) 
     assert [s.reply_id for s in cancelled.steps_left] == ["grace-1#2", "grace-1#3"]
     assert await get_status(stub, "grace-1") == pb.RUN_STATUS_CANCELLED
 
-    # "继续" on the same thread speaks the steps left, with their original reply ids.
-    more = await collect(stub.StartRun(slow_request("继续", run_id="grace-2", thread_id="t-grace")))
+    # "继续" on the same thread speaks the steps left, with their original reply ids, about
+    # what the stopped run was answering (outside testing: they answered "继续" itself).
+    continued = slow_request("继续", run_id="grace-2", thread_id="t-grace")
+    continued.snapshot.history.add(
+        role=spb.MESSAGE_ROLE_USER, content=request.snapshot.user_turn.text
+    )
+    for final in got:
+        continued.snapshot.history.add(
+            role=spb.MESSAGE_ROLE_ASSISTANT, member_id=final.member_id, content=final.content
+        )
+    more = await collect(stub.StartRun(continued))
     plan = of_kind(more, "plan_created")[0].plan_created
     assert plan.source == epb.PLAN_SOURCE_CONTINUED and plan.continued_run_id == "grace-1"
     assert [f.reply_id for f in finals(more)] == ["grace-1#2", "grace-1#3"]
     assert [f.member_id for f in finals(more)] == ["c", "d"]
+    assert all("how was your day?" in f.content for f in finals(more)), finals(more)
     assert await get_status(stub, "grace-1") == pb.RUN_STATUS_CONTINUED
     # Its run_cancelled says "send the same StartRun": that, or a StreamRun, now replays its
     # log and says it was continued (outside testing: both ended OK, so a gateway following

@@ -53,3 +53,9 @@ class PlanStep:
 def reply_id_for(run_id: str, step_index: int) -> str:
     """The reply id of a step: derived, never random, so a replayed step keeps its id."""
     return f"{run_id}#{step_index}"
+
+
+def run_of_reply(reply_id: str) -> str:
+    """The run a reply id was made for (`reply_id_for`; run ids hold no "#"): another run's
+    for a step a continue turn took over."""
+    return reply_id.rpartition("#")[0]

@@ -13,7 +13,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from roundtable.domain.plan import DirectiveKind
-from roundtable.domain.snapshot import Member, SessionKind, Snapshot
+from roundtable.domain.snapshot import Member, MessageRole, SessionKind, Snapshot
 from roundtable.domain.words import EVERYONE, Twins, alternation
 
 # A directive must stand alone as the user's instruction, not be buried in a sentence
@@ -280,12 +280,32 @@ def _after_leading_mentions(text: str, roster: _Roster) -> str:
     return text
 
 
+def _command(raw: str, roster: _Roster) -> str:
+    """`raw` folded, past the @mentions it opens with: where a command would be ("" for a
+    text too long to be one)."""
+    return _after_leading_mentions(fold(raw), roster) if len(raw) <= MAX_COMMAND_CHARS else ""
+
+
+def continued_text(snapshot: Snapshot) -> str:
+    """What the speakers a continue turn takes over answer: the user's latest message in
+    the history that is no stop or continue (the one the stopped run was answering: "继续"
+    asks nothing of them); the turn's own text when the history holds none."""
+    roster = _Roster(snapshot.members)
+    for message in reversed(snapshot.history):
+        if message.role is not MessageRole.USER:
+            continue
+        command = _command(message.content.strip(), roster)
+        if not (command and (_STOP.match(command) or _CONTINUE.match(command))):
+            return message.content
+    return snapshot.user_turn.text
+
+
 def classify(snapshot: Snapshot) -> Directive:
     """Classifies the user's turn. Pure: the same snapshot always gives the same directive."""
     raw = snapshot.user_turn.text.strip()
     text = fold(raw)
     roster = _Roster(snapshot.members)
-    command = _after_leading_mentions(text, roster) if len(raw) <= MAX_COMMAND_CHARS else ""
+    command = _command(raw, roster)
     if command:
         if _STOP.match(command):
             return Directive(DirectiveKind.STOP)

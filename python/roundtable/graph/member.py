@@ -24,11 +24,12 @@ from roundtable.domain.events import (
     SpeakerStarted,
     TokenUsage,
 )
-from roundtable.domain.plan import PlanStep
+from roundtable.domain.plan import PlanStep, run_of_reply
 from roundtable.domain.snapshot import Member, ModelRef
 from roundtable.domain.tools import ToolCallSummary
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import check_count_off, count_off_again
+from roundtable.graph.directives import continued_text
 from roundtable.graph.memory_select import memory_query, select_memories
 from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
@@ -171,14 +172,12 @@ async def _speak(
 ) -> SpeakerOutcome:
     snapshot = ctx.request.snapshot
     member = snapshot.member(step.member_id)
+    words = _answered(ctx, step)
     memories = select_memories(
-        member.memories,
-        memory_query(snapshot.user_turn.text, step),
-        top_k=MEMORY_TOP_K,
-        max_chars=MEMORY_MAX_CHARS,
+        member.memories, memory_query(words, step), top_k=MEMORY_TOP_K, max_chars=MEMORY_MAX_CHARS
     )
     messages = member_messages(
-        member, snapshot, step, memories, replies, history_limit=PROMPT_HISTORY
+        member, snapshot, step, memories, replies, words=words, history_limit=PROMPT_HISTORY
     )
     ref = snapshot.model_for(member)
     number = step.count_off_number
@@ -218,6 +217,15 @@ async def _speak(
                 content, finish = str(number), FinishReason.REPLACED
         return await _final(ctx, step, content, finish, tally)
     raise AssertionError("unreachable: the last attempt always returns")
+
+
+def _answered(ctx: GraphContext, step: PlanStep) -> str:
+    """The user's words a speaker answers: the turn's; for a step a continue turn took over
+    from a stopped run (its reply id is that run's), the message that run was answering
+    (outside testing: the speakers answered "继续" itself)."""
+    if run_of_reply(step.reply_id) == ctx.request.context.run_id:
+        return ctx.request.snapshot.user_turn.text
+    return continued_text(ctx.request.snapshot)
 
 
 class _Asker:

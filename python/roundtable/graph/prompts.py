@@ -45,9 +45,11 @@ def member_messages(
     memories: Sequence[Memory],
     replies: Sequence[ReplyDict],
     *,
+    words: str,
     history_limit: int,
 ) -> tuple[ChatMessage, ...]:
-    """The whole prompt of one speaker's turn."""
+    """The whole prompt of one speaker's turn, answering the user's `words` (the turn's
+    text, or the message a continue turn goes on with)."""
     names = {m.member_id: m.display_name for m in snapshot.members}
     messages = [ChatMessage("system", member_system_prompt(member, snapshot, memories))]
     for message in snapshot.history[-history_limit:] if history_limit else ():
@@ -58,7 +60,7 @@ def member_messages(
         else:
             speaker = names.get(message.member_id, message.member_id or "someone")
             messages.append(ChatMessage("user", f"[{speaker}] {message.content}"))
-    turn = snapshot.user_turn.text
+    turn = words
     earlier = [r for r in replies if not r["failed"]]
     if earlier:
         said = "\n".join(
