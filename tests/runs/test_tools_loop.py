@@ -4,11 +4,13 @@ parallel group where one speaker waits for approval, and calls the member may no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
 import grpc
 import pytest
+from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import ChatCall, ChatResult, ModelToolCall, TextSink
 from roundtable.v1 import events_pb2 as epb
@@ -113,6 +115,43 @@ async def test_the_model_hears_the_arguments_a_person_edited(
     (result,) = [m.content for m in provider.calls[-1].messages if m.role == "tool"]
     assert f"it ran with {edited}" in result and f"按 {edited} 执行" in result
     assert "noted 'buy oat milk' (1)" in result
+
+
+@dataclass
+class CostlyTools(EagerTools):
+    """EagerTools whose every answer reports 100 tokens in and 10 out."""
+
+    async def complete(
+        self, target: ModelTarget, call: ChatCall, *, api_key: str | None, on_text: TextSink | None
+    ) -> ChatResult:
+        result = await super().complete(target, call, api_key=api_key, on_text=on_text)
+        return dataclasses.replace(result, usage=TokenUsage(100, 10))
+
+
+async def test_a_reply_counts_the_tokens_its_model_spent_before_it_waited(
+    start_server, mcp: McpServerProcess
+) -> None:
+    # Review: the turn that asked for a call needing approval was asked before the run
+    # parked; the execution after the decision replays it, and its tokens were lost from
+    # the reply's usage and the run's.
+    provider = CostlyTools(tool="note")
+    request = tool_request("note it", mcp, "costs")
+    request.snapshot.members[0].model.CopyFrom(model_ref("eager"))
+    request.snapshot.session.budgets.max_tool_calls_per_speaker = 1
+    async with (
+        start_server(providers={"eager": provider}) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, "costs")
+        await stub.ResolvePermission(resolve("costs", asked.permission_request_id, APPROVE))
+        events = await reader.end()
+    assert len(provider.calls) == 2, "the turn before the wait was not asked again"
+    (final,) = finals(events)
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (200, 20)
+    assert final.attempts == 2
 
 
 async def test_in_a_parallel_group_the_others_finish_while_one_speaker_waits(

@@ -164,6 +164,13 @@ class ToolCallRecord:
     sent_key: str = ""
     """The idempotency key it was sent with, kept when it is marked started ("": never
     sent, or sent by a version that kept none)."""
+    turn_input_tokens: int = 0
+    turn_output_tokens: int = 0
+    turn_counted: bool = False
+    turn_model_calls: int = 0
+    """What the model turn that asked for the call cost (tokens as `TokenUsage` has them,
+    model calls with retries), kept on the turn's first call only, 0 on the others: a
+    replayed turn is not asked again, and its cost still counts in the reply's."""
 
     @property
     def key_to_send(self) -> str:

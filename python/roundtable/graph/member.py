@@ -26,7 +26,7 @@ from roundtable.domain.events import (
 )
 from roundtable.domain.plan import PlanStep, run_of_reply
 from roundtable.domain.snapshot import Member, ModelRef
-from roundtable.domain.tools import ToolCallSummary
+from roundtable.domain.tools import ToolCallRecord, ToolCallSummary
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import check_count_off, count_off_again
 from roundtable.graph.directives import continued_text
@@ -142,6 +142,13 @@ class _Tally:
         self.model_calls += result.attempts
         self.answered_by = result.model
         self.usage = self.usage + result.usage
+
+    def replayed(self, calls: list[ToolCallRecord]) -> None:
+        """Counts a model turn an earlier execution asked (its calls' records keep what it
+        cost): review found the tokens spent before a park missing from the reply's."""
+        usage, model_calls = ToolLoop.turn_cost(calls)
+        self.usage = self.usage + usage
+        self.model_calls += model_calls
 
 
 class _TextStream:
@@ -281,7 +288,9 @@ async def _answer(
     turn = 1
     while True:
         calls = loop.recorded_turn(turn)
-        if not calls:
+        if calls:
+            tally.replayed(calls)
+        else:
             if loop.calls_made >= loop.budget:
                 return await ask((*messages, ChatMessage("user", BUDGET_SPENT)))
             result = await ask(messages, specs)

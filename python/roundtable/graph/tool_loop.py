@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 
 from roundtable.domain.errors import ToolError
-from roundtable.domain.events import PermissionRequired
+from roundtable.domain.events import PermissionRequired, TokenUsage
 from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Member, Snapshot
 from roundtable.domain.tools import (
@@ -107,6 +107,14 @@ class ToolLoop:
         """The calls model turn `turn` asked for in an earlier execution (empty: none)."""
         return [r for r in self.records if r.turn == turn]
 
+    @staticmethod
+    def turn_cost(calls: list[ToolCallRecord]) -> tuple[TokenUsage, int]:
+        """What a recorded model turn cost: its tokens and its model calls."""
+        usage = TokenUsage()
+        for r in calls:
+            usage = usage + TokenUsage(r.turn_input_tokens, r.turn_output_tokens, r.turn_counted)
+        return usage, sum(r.turn_model_calls for r in calls)
+
     @property
     def calls_made(self) -> int:
         """Calls recorded so far in this reply."""
@@ -136,6 +144,12 @@ class ToolLoop:
                     expires_at=expires,
                 )
             )
+        if records:
+            first = records[0]
+            first.turn_input_tokens = result.usage.input_tokens
+            first.turn_output_tokens = result.usage.output_tokens
+            first.turn_counted = result.usage.counted
+            first.turn_model_calls = result.attempts
         await self.runtime.store.record_tool_calls(records)
         self.records.extend(records)
         return records

@@ -71,6 +71,7 @@ _TEMPLATES = ToolStatements(
 def _params(record: ToolCallRecord) -> dict[str, Any]:
     params = {name: getattr(record, name) for name in COLUMNS}
     params["needs_approval"] = int(record.needs_approval)
+    params["turn_counted"] = int(record.turn_counted)
     params["status"] = record.status.value
     params["verdict"] = record.verdict.value
     return params
@@ -79,6 +80,7 @@ def _params(record: ToolCallRecord) -> dict[str, Any]:
 def _record(row: Sequence[Any]) -> ToolCallRecord:
     values = dict(zip(COLUMNS, row, strict=True))
     values["needs_approval"] = bool(values["needs_approval"])
+    values["turn_counted"] = bool(values["turn_counted"])
     values["status"] = CallStatus(values["status"])
     values["verdict"] = Verdict(values["verdict"])
     return ToolCallRecord(**values)
