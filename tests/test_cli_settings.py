@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -138,6 +140,68 @@ def test_a_store_url_that_names_no_sqlite_file_is_one_line(url: str, tmp_path: P
     done = roundtable("serve", "--listen", "127.0.0.1:0", "--store", url)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("roundtable serve: error: store:")
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The error `roundtable serve` printed, asserting it printed nothing else but warnings."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "WARNING" not in line]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].startswith("roundtable serve: error: --store ")
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("a-folder/", "is a directory, not a database file"),
+        ("a-folder", "is a directory, not a database file"),
+        ("a-file/rt.db", "a-file is not a directory"),
+        ("not-sqlite.db", "cannot open it: file is not a database"),
+    ],
+)
+def test_a_sqlite_store_that_cannot_be_opened_is_one_line(
+    name: str, says: str, tmp_path: Path
+) -> None:
+    # Before, each was a traceback (sqlite3.OperationalError: unable to open database file).
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "not-sqlite.db").write_bytes(b"not a SQLite file, just text " * 100)
+    url = f"sqlite:///{tmp_path / name}{'/' if name.endswith('/') else ''}"
+    line = _one_line_error(roundtable("serve", "--listen", "127.0.0.1:0", "--store", url))
+    assert line.startswith(f"roundtable serve: error: --store {url}: ")
+    assert says in line
+    assert not (tmp_path / "a-folder.lock").exists()
+
+
+def test_an_unreachable_postgres_store_is_one_line_at_once_without_its_password() -> None:
+    # Before: a 30 s wait, then a traceback (psycopg_pool.PoolTimeout).
+    started = time.monotonic()
+    line = _one_line_error(
+        roundtable(
+            "serve", "--listen", "127.0.0.1:0", "--store", "postgresql://rt:S3cretPw@127.0.0.1:1/rt"
+        )
+    )
+    assert time.monotonic() - started < 15
+    assert line.startswith("roundtable serve: error: --store postgresql://127.0.0.1:1/rt: ")
+    assert "cannot connect" in line and "Connection refused" in line
+    assert "S3cretPw" not in line
+
+
+def test_a_postgres_store_that_never_answers_fails_within_its_connect_timeout() -> None:
+    # A server that accepts the connection and then says nothing (a hung host, a black-holed
+    # proxy): libpq's own connect_timeout, in the DSN, bounds the wait.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        store = f"postgresql://rt:S3cretPw@127.0.0.1:{port}/rt?connect_timeout=2"
+        line = _one_line_error(roundtable("serve", "--listen", "127.0.0.1:0", "--store", store))
+    assert time.monotonic() - started < 12
+    assert "cannot connect" in line and "timeout" in line
+    assert "S3cretPw" not in line
 
 
 def test_a_port_in_use_is_refused_not_shared(tmp_path: Path) -> None:

@@ -160,7 +160,8 @@ class InternalError(RoundtableError):
 
 
 class InvalidSettings(RoundtableError):
-    """The settings are contradictory or unsafe, or name unreadable files: no server starts."""
+    """The settings are contradictory or unsafe, or name unreadable files or a store that
+    cannot be opened: no server starts."""
 
     message = "invalid settings"
 

@@ -58,6 +58,14 @@ class LeaseLost(Exception):
     """Another replica took the run over: this one may write nothing more for it."""
 
 
+class StoreUnavailable(Exception):
+    """The store cannot be opened: a path that is no database file, a server not reached.
+
+    Its message says why in words that name no secret (never a DSN's password); the
+    opener (`store.factory.open_store`) names the store.
+    """
+
+
 @dataclass(slots=True, kw_only=True)
 class RunRecord:
     """A run as the registry knows it (its fields are the registry's columns, see

@@ -23,15 +23,17 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from roundtable.domain.errors import ThreadBusy
-from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent
+from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent, StoreUnavailable
 from roundtable.store.registry import SqlRegistry
 from roundtable.store.schema import (
     INDEXES,
@@ -109,6 +111,47 @@ THREAD_LOCK_TIMEOUT_S = 5.0
 """Longest wait for another replica's start of a run of the same thread."""
 
 
+CONNECT_TIMEOUT_S = 10
+"""How long a connection may take when the DSN sets no `connect_timeout` (libpq's own
+parameter, which wins): libpq's default is to wait for the OS, minutes for a host that
+drops packets, and the pool's own default wait is 30 s before a bare PoolTimeout."""
+
+
+def _connect_timeout(dsn: str) -> dict[str, Any]:
+    """The connection argument that bounds a connect, unless the DSN bounds it itself."""
+    try:
+        given = "connect_timeout" in conninfo_to_dict(dsn)
+    except psycopg.Error:
+        given = False  # the connect says what is wrong with the DSN
+    return {} if given else {"connect_timeout": CONNECT_TIMEOUT_S}
+
+
+async def _probe(dsn: str) -> None:
+    """Connects once, so that a server not reached fails at once with libpq's reason (the
+    pool would retry in the background for 30 s, then say only "pool initialization
+    incomplete").
+
+    Raises:
+        StoreUnavailable: no connection within the connect timeout, or a refused one.
+    """
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, **_connect_timeout(dsn))
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"cannot connect: {_said(exc, dsn)}") from None
+    await conn.close()
+
+
+def _said(exc: BaseException, dsn: str) -> str:
+    """What a driver error says, on one line and without the DSN's password (libpq's
+    messages name hosts, ports, users and databases; a password only by accident)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    try:
+        password = urlsplit(dsn).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
 async def _create_schema(conn: psycopg.AsyncConnection[Any]) -> None:
     """Creates the tables, adds the columns a table from an earlier version lacks, then the
     indexes, and drops the retired ones. Columns are looked up first, so a replica starting
@@ -177,21 +220,39 @@ class PostgresRunStore(SqlRegistry, SqlToolCalls):
         max_size: int = 10,
         thread_lock_timeout_s: float = THREAD_LOCK_TIMEOUT_S,
     ) -> PostgresRunStore:
-        """Connects, creates our tables and LangGraph's, and returns the store."""
+        """Connects, creates our tables and LangGraph's, and returns the store.
+
+        Raises:
+            StoreUnavailable: the server cannot be reached within the connect timeout, or
+                refuses us (authentication, no such database, no right to create tables).
+        """
+        await _probe(dsn)
         # autocommit + dict rows: what LangGraph's saver requires of a shared pool; every
         # statement of ours is its own transaction too.
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn,
             min_size=1,
             max_size=max_size,
-            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": 0,
+                "row_factory": dict_row,
+                **_connect_timeout(dsn),
+            },
             open=False,
         )
-        await pool.open(wait=True)
-        async with pool.connection() as conn:
-            await _create_schema(conn)
-        saver = AsyncPostgresSaver(pool)
-        await saver.setup()
+        try:
+            await pool.open(wait=True)
+            async with pool.connection() as conn:
+                await _create_schema(conn)
+            saver = AsyncPostgresSaver(pool)
+            await saver.setup()
+        except (psycopg.Error, PoolTimeout) as exc:
+            await pool.close()
+            raise StoreUnavailable(f"cannot set it up: {_said(exc, dsn)}") from None
+        except BaseException:
+            await pool.close()
+            raise
         return cls(pool, saver, thread_lock_timeout_s=thread_lock_timeout_s)
 
     async def _write(self, sql: str, params: Mapping[str, Any]) -> int:

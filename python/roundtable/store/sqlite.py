@@ -40,7 +40,7 @@ import aiosqlite
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from roundtable.domain.errors import InvalidSettings
-from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent
+from roundtable.store.base import CancelMark, LeaseLost, RunRecord, StoredEvent, StoreUnavailable
 from roundtable.store.registry import SqlRegistry
 from roundtable.store.schema import (
     TABLES,
@@ -128,6 +128,18 @@ def sqlite_path(url: str) -> Path:
             "or sqlite:////absolute/file.db)"
         )
     return Path(url[len(prefix) :])
+
+
+def _not_a_file_path(path: Path) -> str:
+    """Why `path` can never be a database file ("" when it may be one): it is a folder, or
+    what should be a folder above it is a file. sqlite3 says only "unable to open
+    database file" for both."""
+    if path.is_dir():
+        return f"{path} is a directory, not a database file"
+    for parent in path.parents:
+        if parent.exists():
+            return "" if parent.is_dir() else f"{parent} is not a directory"
+    return ""
 
 
 async def connect_sqlite(path: Path) -> aiosqlite.Connection:
@@ -262,16 +274,28 @@ class SqliteRunStore(SqlRegistry, SqlToolCalls):
 
         Raises:
             InvalidSettings: another process serves the file.
+            StoreUnavailable: the path cannot be a database file, or the file is not one.
         """
-        lock_fd = _lock_for_this_process(path)
+        problem = _not_a_file_path(path)
+        if problem:
+            # Before the lock: a lock file beside a folder would outlive the mistake.
+            raise StoreUnavailable(problem)
+        try:
+            lock_fd = _lock_for_this_process(path)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open it: {exc.strerror}") from None
         try:
             conn = connect_log(path)
             _create_schema(conn)
             saver = AsyncSqliteSaver(await connect_sqlite(path))
             await saver.setup()
-        except BaseException:
+        except BaseException as exc:
             if lock_fd is not None:
                 os.close(lock_fd)  # not served after all
+            if isinstance(exc, OSError | sqlite3.Error):
+                # sqlite3's own words ("file is not a database"), or the OS's.
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                raise StoreUnavailable(f"cannot open it: {why}") from None
             raise
         return cls(conn, saver, path=path, checkpoint_every=checkpoint_every, lock_fd=lock_fd)
 
