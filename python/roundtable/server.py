@@ -30,6 +30,7 @@ from roundtable.api.edge import CallLimiter, EdgeInterceptor
 from roundtable.api.servicer import OrchestratorServicer, add_to_server
 from roundtable.api.tls import check_listen_address, server_credentials
 from roundtable.domain.errors import InvalidSettings
+from roundtable.domain.snapshot import BaseUrlRule
 from roundtable.graph.builder import build_conversation_graph
 from roundtable.graph.context import ToolCaller, ToolRuntime
 from roundtable.harness.chain import Harness
@@ -68,6 +69,17 @@ def build_providers(settings: Settings) -> dict[str, ChatProvider]:
             max_attempt_timeout_s=settings.request_limits.max_model_timeout_ms / 1000,
         ),
     }
+
+
+def base_url_rules(providers: Mapping[str, object]) -> dict[str, BaseUrlRule]:
+    """Each provider's rule for the base URLs it can use (its `base_url_problem`), for the
+    edge to apply; a provider without one (a test's scripted model) takes any."""
+    rules: dict[str, BaseUrlRule] = {}
+    for name, provider in providers.items():
+        rule = getattr(provider, "base_url_problem", None)
+        if rule is not None:
+            rules[name] = rule
+    return rules
 
 
 def _bind(
@@ -309,6 +321,7 @@ async def running_server(
             manager,
             limits=settings.request_limits,
             providers=providers.keys(),
+            base_url_rules=base_url_rules(providers),
             budgets=settings.budgets,
             metrics=metrics,
             auth=auth,

@@ -148,10 +148,15 @@ _OFFLINE_KNOBS = [
     "offline:?token_delay_ms=abc",
     "offline:?fail_times=1.5&fail=error",
     "offline:?latency_ms=-5",
-    "http://[::1",
     "offline:?fail=timeout",
     "%zz?&&==&fail",
 ]
+
+_NEVER_USABLE = {
+    # Base URLs each provider can never use (the offline model: one that does not split).
+    "offline": ("http://[::1", "//[x"),
+    "openai": ("ftp://127.0.0.1/v1", "127.0.0.1:8089/v1", "http://", "http://h:port/v1"),
+}
 
 
 def exact_bytes(size: int, unit: str, *, fill: str = "y") -> str:
@@ -409,7 +414,12 @@ def _target(g: _Gen, path: str, cred_keys: list[str], *, role: str) -> spb.Model
     elif g.profile.huge and g.coin(10):
         target.model = "offline-" + g.near_chars(240, over=False)
     if g.fault():
-        target.base_url = "http://127.0.0.1:9/" + "x" * (2048 + g.small(10))
+        if target.provider in _NEVER_USABLE and g.coin():
+            # One its provider can never use (a provider the server does not know has no
+            # rule: only its name is reported).
+            target.base_url = g.pick(*_NEVER_USABLE[target.provider])
+        else:
+            target.base_url = "http://127.0.0.1:9/" + "x" * (2048 + g.small(10))
         g.bad(f"{path}.base_url", "base-url")
     if g.fault():
         target.credential_ref = g.pick("ghost-ref", "k ", "K", "\u202ek", "🔑🔑")

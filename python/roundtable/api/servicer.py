@@ -14,7 +14,7 @@ the request's size and fingerprint come from the bytes received.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
@@ -32,7 +32,7 @@ from roundtable.api.wire import ReceivedStartRun
 from roundtable.codec.events import encode, kind_of
 from roundtable.codec.timestamps import timestamp
 from roundtable.domain.errors import InvalidRequest, RoundtableError
-from roundtable.domain.snapshot import Budgets, DisconnectPolicy
+from roundtable.domain.snapshot import BaseUrlRule, Budgets, DisconnectPolicy
 from roundtable.domain.tools import Verdict
 from roundtable.runs.live import Subscription
 from roundtable.runs.manager import RunManager
@@ -109,6 +109,7 @@ class OrchestratorServicer:
         *,
         limits: RequestLimits,
         providers: Collection[str],
+        base_url_rules: Mapping[str, BaseUrlRule] | None = None,
         budgets: Budgets,
         metrics: Metrics | None = None,
         auth: Authenticator | None = None,
@@ -119,6 +120,7 @@ class OrchestratorServicer:
         self.metrics = metrics or no_metrics()
         self.limits = limits
         self.providers = frozenset(providers)
+        self.base_url_rules = dict(base_url_rules or {})
         self.budgets = budgets
 
     # -- the two wrappers ---------------------------------------------------------------------
@@ -176,6 +178,7 @@ class OrchestratorServicer:
             request,
             limits=self.limits,
             providers=self.providers,
+            base_url_rules=self.base_url_rules,
             wire_size=received.wire_size,
             history=received.history,
         )

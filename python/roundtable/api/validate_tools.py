@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from roundtable.api.limits import RequestLimits
 from roundtable.domain.errors import FieldViolation
+from roundtable.domain.snapshot import http_url_problem
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
 
@@ -95,8 +96,11 @@ def _url(c: _Collector, path: str, url: str) -> None:
         c.add(path, "is required")
     elif len(url) > c.limits.max_tool_url_chars:
         c.add(path, f"must be at most {c.limits.max_tool_url_chars} characters")
-    elif not re.match(r"https?://[^/\s]+", url):
-        c.add(path, "must be an http:// or https:// URL")
+    else:
+        # The model servers' check: the MCP client's HTTP library is theirs.
+        problem = http_url_problem(url)
+        if problem:
+            c.add(path, problem)
 
 
 def _schema(c: _Collector, path: str, text: str) -> None:

@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from roundtable.api.limits import RequestLimits
 from roundtable.api.validate_tools import validate_tool_budgets, validate_tools
 from roundtable.domain.errors import FieldViolation
+from roundtable.domain.snapshot import BaseUrlRule
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
 
@@ -35,8 +36,12 @@ def _too_big(text: str, limit: int) -> bool:
 class _Collector:
     """Accumulates violations with the path they were found at."""
 
-    def __init__(self, limits: RequestLimits) -> None:
+    def __init__(
+        self, limits: RequestLimits, base_url_rules: Mapping[str, BaseUrlRule] | None = None
+    ) -> None:
         self.limits = limits
+        # Each provider's rule for its base URLs; a provider without one takes any.
+        self.base_url_rules = base_url_rules or {}
         self.violations: list[FieldViolation] = []
 
     def add(self, path: str, description: str) -> None:
@@ -109,17 +114,21 @@ def validate_start_run(
     *,
     limits: RequestLimits,
     providers: Collection[str],
+    base_url_rules: Mapping[str, BaseUrlRule] | None = None,
     wire_size: int | None = None,
     history: Sequence[spb.HistoryMessage] | None = None,
 ) -> list[FieldViolation]:
     """Returns every violation of a StartRunRequest (empty when it is valid).
+
+    `base_url_rules` says, per provider, which base URLs it can never use
+    (`server.base_url_rules`); a provider without one takes any.
 
     `wire_size` is the request's size as received; without it the message is measured
     (which walks all of it: ≈0.45 ms for a 10,000-message history). `history` is the
     snapshot's history as received (`api.wire.ReceivedStartRun.history`); without it,
     `request.snapshot.history`.
     """
-    c = _Collector(limits)
+    c = _Collector(limits, base_url_rules)
     size = request.ByteSize() if wire_size is None else wire_size
     if size > limits.max_request_bytes:
         c.add("", f"request must be at most {limits.max_request_bytes} bytes, got {size}")
@@ -298,6 +307,11 @@ def _target(
         c.add(f"{path}.model", "must be at most 256 characters")
     if len(target.base_url) > 2048:
         c.add(f"{path}.base_url", "must be at most 2048 characters")
+    elif target.base_url:  # empty: the provider's default
+        rule = c.base_url_rules.get(target.provider)
+        problem = rule(target.base_url) if rule is not None else ""
+        if problem:
+            c.add(f"{path}.base_url", problem)
     if target.credential_ref and target.credential_ref not in credentials:
         c.add(f"{path}.credential_ref", "names no entry of credentials")
 

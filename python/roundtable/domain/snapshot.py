@@ -7,6 +7,7 @@ through the runtime context without copying.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
@@ -74,6 +75,38 @@ def server_of(url: str) -> str:
     if not parts.netloc:
         return url.split("?", 1)[0].split("#", 1)[0]
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
+BaseUrlRule = Callable[[str], str]
+"""Why a provider can never use a (non-empty) base_url, in a phrase that follows the field's
+name ("must be an http:// or https:// URL"); "" when it may. Each provider that reads
+base_url has one (`base_url_problem`): the edge refuses what it says, before anything is
+stored, instead of every speaker failing at run time."""
+
+
+def http_url_problem(url: str) -> str:
+    """Why `url` can never reach an HTTP server ("" when it may): not http or https, no
+    host, a port that is no number up to 65535, a control character, or a space before,
+    after or in its host.
+
+    Only what is certainly wrong: a host that does not resolve, or a path that is not the
+    server's, is for the call to find out (and say).
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number or too big
+    except ValueError:
+        return "must be an http:// or https:// URL: its host or port does not parse"
+    # urlsplit drops leading and trailing spaces, and a tab or newline anywhere: the HTTP
+    # client does not, and takes them for part of the scheme or the host.
+    spaced = url != url.strip() or any(ch.isspace() for ch in parts.netloc)
+    if spaced or any(ch < " " or ch == "\x7f" for ch in url):
+        return "must be an http:// or https:// URL without spaces or control characters"
+    if parts.scheme.lower() not in ("http", "https"):
+        return "must be an http:// or https:// URL"
+    if not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    return ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -106,7 +106,12 @@ class ChatResult:
 
 
 class ChatProvider(Protocol):
-    """Runs one attempt of a call against one target."""
+    """Runs one attempt of a call against one target.
+
+    A provider that reads `ModelTarget.base_url` also has `base_url_problem(base_url) ->
+    str` (a `domain.snapshot.BaseUrlRule`): the edge refuses a target whose base_url it
+    can never use. A provider without one takes any base_url.
+    """
 
     name: str
 

@@ -255,6 +255,17 @@ class OfflineProvider:
         self._build = offline_factory(default_token_delay_s=default_token_delay_s)
         self._models: OrderedDict[ModelTarget, OfflineChatModel] = OrderedDict()
 
+    def base_url_problem(self, base_url: str) -> str:
+        """Why the offline model can never read its knobs from `base_url` ("" when it can;
+        a `domain.snapshot.BaseUrlRule`, applied at the edge). Any text splits as a URL
+        (unknown knobs are ignored) but one whose host has an unclosed "[": every call
+        of it would fail with a ValueError."""
+        try:
+            urlsplit(base_url)
+        except ValueError:
+            return "does not parse as a URL (the offline model's knobs: offline:?latency_ms=600)"
+        return ""
+
     def model_for(self, target: ModelTarget) -> OfflineChatModel:
         """The model of a target (created on first use; the least recently used of more
         than MAX_OFFLINE_MODELS go, since requests name their targets)."""

@@ -39,7 +39,7 @@ from roundtable.domain.errors import (
     ModelTimeout,
     ModelUnavailable,
 )
-from roundtable.domain.snapshot import ModelTarget
+from roundtable.domain.snapshot import ModelTarget, http_url_problem
 from roundtable.models.base import ChatCall, ChatResult, ModelFactory, TextSink
 from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.models.openai_tools import (
@@ -215,6 +215,13 @@ class OpenAICompatProvider(LangChainProvider):
         self._unstreamed = SchemaRefusals()
         """Targets that refused tools in a streamed request: their tool calls are asked for
         without streaming at once."""
+
+    def base_url_problem(self, base_url: str) -> str:
+        """Why this provider can never use `base_url` ("" when it may; a
+        `domain.snapshot.BaseUrlRule`, applied at the edge): the SDK's HTTP client reaches
+        http and https URLs with a host only, and fails anything else at every call
+        (UnsupportedProtocol, InvalidURL), after the run was stored."""
+        return http_url_problem(base_url)
 
     async def _with_tools(
         self,

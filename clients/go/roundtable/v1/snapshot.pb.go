@@ -924,8 +924,13 @@ type ModelTarget struct {
 	// The provider's model name, for example "gpt-4o-mini". Required, at most
 	// 256 characters.
 	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
-	// The server's base URL, for example "http://127.0.0.1:8000/v1". Optional
-	// for "openai" (its public endpoint), ignored by "offline".
+	// Where the provider finds the model; empty means the provider's default.
+	// For "openai": the server's base URL, an http:// or https:// URL with a
+	// host, for example "http://127.0.0.1:8000/v1" (empty: OpenAI's public
+	// endpoint). For "offline": test and demo knobs in its query string, for
+	// example "offline:?latency_ms=600". A base_url its provider can never use
+	// (for "openai": another scheme, no host, a bad port) is INVALID_ARGUMENT.
+	// At most 2,048 characters.
 	BaseUrl string `protobuf:"bytes,3,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
 	// The key of StartRunRequest.credentials holding this target's API key.
 	// Optional; when set it must be present in that map.

@@ -466,8 +466,13 @@ export type ModelTarget = Message<"roundtable.v1.ModelTarget"> & {
   model: string;
 
   /**
-   * The server's base URL, for example "http://127.0.0.1:8000/v1". Optional
-   * for "openai" (its public endpoint), ignored by "offline".
+   * Where the provider finds the model; empty means the provider's default.
+   * For "openai": the server's base URL, an http:// or https:// URL with a
+   * host, for example "http://127.0.0.1:8000/v1" (empty: OpenAI's public
+   * endpoint). For "offline": test and demo knobs in its query string, for
+   * example "offline:?latency_ms=600". A base_url its provider can never use
+   * (for "openai": another scheme, no host, a bad port) is INVALID_ARGUMENT.
+   * At most 2,048 characters.
    *
    * @generated from field: string base_url = 3;
    */
