@@ -560,3 +560,26 @@ async def test_stream_of_a_live_run_after_a_seq_it_never_gave_out_is_refused(stu
         )
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert kinds(await collect(call))[-1] == "run_completed", "the run goes on"
+
+
+async def test_a_timeout_below_the_run_is_a_failure_to_retry_not_its_deadline(
+    server, stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review: any TimeoutError (a store's, a library's) ended the run as past its deadline,
+    # not retryable, though the same StartRun again would have finished it.
+    append, appends = server.store.append_event, 0
+
+    async def third_times_out(*args: object, **kwargs: object) -> object:
+        nonlocal appends
+        appends += 1
+        if appends == 3:
+            raise TimeoutError
+        return await append(*args, **kwargs)
+
+    monkeypatch.setattr(server.store, "append_event", third_times_out)
+    request = start_request("@all hi", run_id="stray-timeout", thread_id="t-stray")
+    events = await collect(stub.StartRun(request))
+    failed = events[-1].run_failed
+    assert (failed.code, failed.retryable) == ("INTERNAL", True)
+    again = await collect(stub.StartRun(request))
+    assert kinds(again)[-1] == "run_completed"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -199,6 +200,42 @@ def resume_fails_once(server: RunningServer, monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(server.store, "resume_parked", fails_once)
     return failures
+
+
+async def test_a_decision_made_as_the_run_parks_is_acted_on_when_the_store_fails_to_say(
+    server: RunningServer,
+    stub: pb_grpc.OrchestratorServiceStub,
+    mcp: McpServerProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decision lands while the run writes its parked row; the look for decisions made
+    meanwhile then meets a store error. Review: the error escaped, and the run waited
+    for the decision it had until its request expired."""
+    parked, failed = asyncio.Event(), []
+    park, tool_call = server.store.park_run, server.store.tool_call
+
+    async def slow_park(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.5)  # the decision comes meanwhile
+        try:
+            return await park(*args, **kwargs)
+        finally:
+            parked.set()
+
+    async def fails_once_parked(*args: Any, **kwargs: Any) -> Any:
+        if parked.is_set() and not failed:
+            failed.append(args)
+            raise OSError("the store is gone for a moment")
+        return await tool_call(*args, **kwargs)
+
+    monkeypatch.setattr(server.store, "park_run", slow_park)
+    monkeypatch.setattr(server.store, "tool_call", fails_once_parked)
+    reader = Reader(stub.StartRun(tool_request("use note for buy milk", mcp, "meanwhile")))
+    asked = (await reader.until("permission_required")).permission_required
+    await stub.ResolvePermission(resolve("meanwhile", asked.permission_request_id, APPROVE))
+    events = await reader.end(wait_s=10)
+    assert failed, "the store failed as the run looked"
+    assert kinds(events)[-1] == "run_completed"
+    assert mcp.counts("note") == {sent_key("meanwhile", asked.permission_request_id): 1}
 
 
 async def test_a_resume_that_meets_a_store_error_stays_parked_and_tries_again(

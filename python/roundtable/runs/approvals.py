@@ -147,7 +147,17 @@ class Approvals:
 async def decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[str, ...]) -> bool:
     """Whether any of the calls the run parked on has a decision recorded already; a stop
     asked for meanwhile is recorded as one (`cancelled`) for each (a shutdown's is not:
-    the calls wait for the person still)."""
+    the calls wait for the person still). True when the store cannot say: a run woken for
+    nothing parks again at once, emitting nothing, but one left parked would miss its
+    decision until its expiry (review)."""
+    try:
+        return await _decided_meanwhile(store, live, call_keys)
+    except Exception as exc:
+        log.warning("run %s: decisions unread (%s); waking it", live.key[1], type(exc).__name__)
+        return True
+
+
+async def _decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[str, ...]) -> bool:
     tenant, run_id = live.key
     if live.stop.denies:
         await cancel_calls(store, tenant, run_id, call_keys)

@@ -44,6 +44,7 @@ from roundtable.harness.chain import Harness
 from roundtable.runs.approvals import decided_meanwhile
 from roundtable.runs.continuation import claim_continuation
 from roundtable.runs.coordination import Coordination
+from roundtable.runs.identity import span_context
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.runs.progress import cancelled_event, completed_event
@@ -61,14 +62,9 @@ def checkpoint_thread(tenant: str, run_id: str) -> str:
     return f"{tenant}/{run_id}"
 
 
-def span_context(value: str) -> trace.SpanContext | None:
-    """The span context stored as `<trace_id>-<span_id>` (`RunRecord.trace_context`)."""
-    if not value:
-        return None
-    trace_id, _, span_id = value.partition("-")
-    return trace.SpanContext(
-        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace.TraceFlags(1)
-    )
+class RunDeadline(Exception):
+    """The run's own run_timeout_seconds ran out (a TimeoutError from below is no deadline:
+    review found a store's or a library's reported as RUN_DEADLINE_EXCEEDED, not retryable)."""
 
 
 class NewThreads(Protocol):
@@ -153,10 +149,8 @@ class Executor:
             if self.tracer is None:
                 await self._run_owned(live, launch)
                 return
-            links = []
             first = span_context(live.record.trace_context) if launch.resumed else None
-            if first is not None:
-                links.append(trace.Link(first, {"roundtable.link": "first_execution"}))
+            links = [trace.Link(first, {"roundtable.link": "first_execution"})] if first else []
             attributes: dict[str, AttributeValue] = {
                 **run_correlation(live.request.context, "run"),
                 "roundtable.resumed": launch.resumed,
@@ -224,7 +218,7 @@ class Executor:
             await sink.end(cancelled_event(reason, live.progress), status)
         except LeaseLost:
             raise  # nothing more may be written: not even run_failed
-        except TimeoutError:
+        except RunDeadline:
             message = "the run took longer than its run_timeout_seconds"
             status = RunStatus.FAILED
             await sink.end(
@@ -344,11 +338,16 @@ class Executor:
         if live.lease_lost:
             return None
         live.in_graph = True
+        budgets = live.request.snapshot.session.budgets
         try:
-            async with asyncio.timeout(live.request.snapshot.session.budgets.run_timeout_s):
+            async with asyncio.timeout(budgets.run_timeout_s) as limit:
                 state: dict[str, Any] = await self.graph.ainvoke(
                     graph_input, config, context=context, durability=self.durability
                 )
+        except TimeoutError:
+            if limit.expired():
+                raise RunDeadline from None
+            raise
         finally:
             live.in_graph = False
             live.take_back_interrupts()

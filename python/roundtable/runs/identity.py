@@ -30,6 +30,16 @@ def trace_context() -> str:
     return f"{span.trace_id:032x}-{span.span_id:016x}" if span.is_valid else ""
 
 
+def span_context(value: str) -> trace.SpanContext | None:
+    """The span context `trace_context` stored (`RunRecord.trace_context`)."""
+    if not value:
+        return None
+    trace_id, _, span_id = value.partition("-")
+    return trace.SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=trace.TraceFlags(1)
+    )
+
+
 def check_fingerprint(
     record: RunRecord, request: RunRequest, legacy: LegacyFingerprint | None
 ) -> None:
