@@ -89,16 +89,14 @@ async def test_a_call_to_a_tool_the_member_may_not_use_is_refused_without_runnin
     assert not of_kind(events, "permission_required")
 
 
-async def test_the_model_hears_the_arguments_a_person_edited(
-    start_server, mcp: McpServerProcess
-) -> None:
-    # Review: the model was shown the result as the answer to the arguments it asked
-    # with, not to the person's edit the tool ran with.
-    provider = EagerTools(tool="note")
-    request = tool_request("note it", mcp, "edit-heard")
+async def approved_once(
+    start_server, provider: EagerTools, mcp: McpServerProcess, run_id: str, edited: str = ""
+) -> list[epb.RunEvent]:
+    """The events of a run whose model asks `provider.tool` once (budget 1), approved (with
+    `edited` arguments, if any) once the run waits."""
+    request = tool_request("note it", mcp, run_id)
     request.snapshot.members[0].model.CopyFrom(model_ref("eager"))
     request.snapshot.session.budgets.max_tool_calls_per_speaker = 1
-    edited = json.dumps({"text": "buy oat milk"})
     async with (
         start_server(providers={"eager": provider}) as server,
         grpc.aio.insecure_channel(server.address) as channel,
@@ -106,12 +104,23 @@ async def test_the_model_hears_the_arguments_a_person_edited(
         stub = pb_grpc.OrchestratorServiceStub(channel)
         reader = Reader(stub.StartRun(request))
         asked = (await reader.until("permission_required")).permission_required
-        await waiting_run(stub, "edit-heard")
-        decision = resolve("edit-heard", asked.permission_request_id, APPROVE)
+        await waiting_run(stub, run_id)
+        decision = resolve(run_id, asked.permission_request_id, APPROVE)
         decision.edited_arguments_json = edited
         await stub.ResolvePermission(decision)
         events = await reader.end()
     assert kinds(events)[-1] == "run_completed"
+    return events
+
+
+async def test_the_model_hears_the_arguments_a_person_edited(
+    start_server, mcp: McpServerProcess
+) -> None:
+    # Review: the model was shown the result as the answer to the arguments it asked
+    # with, not to the person's edit the tool ran with.
+    provider = EagerTools(tool="note")
+    edited = json.dumps({"text": "buy oat milk"})
+    await approved_once(start_server, provider, mcp, "edit-heard", edited)
     (result,) = [m.content for m in provider.calls[-1].messages if m.role == "tool"]
     assert f"it ran with {edited}" in result and f"按 {edited} 执行" in result
     assert "noted 'buy oat milk' (1)" in result
@@ -135,19 +144,7 @@ async def test_a_reply_counts_the_tokens_its_model_spent_before_it_waited(
     # parked; the execution after the decision replays it, and its tokens were lost from
     # the reply's usage and the run's.
     provider = CostlyTools(tool="note")
-    request = tool_request("note it", mcp, "costs")
-    request.snapshot.members[0].model.CopyFrom(model_ref("eager"))
-    request.snapshot.session.budgets.max_tool_calls_per_speaker = 1
-    async with (
-        start_server(providers={"eager": provider}) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
-        reader = Reader(stub.StartRun(request))
-        asked = (await reader.until("permission_required")).permission_required
-        await waiting_run(stub, "costs")
-        await stub.ResolvePermission(resolve("costs", asked.permission_request_id, APPROVE))
-        events = await reader.end()
+    events = await approved_once(start_server, provider, mcp, "costs")
     assert len(provider.calls) == 2, "the turn before the wait was not asked again"
     (final,) = finals(events)
     assert (final.usage.input_tokens, final.usage.output_tokens) == (200, 20)
