@@ -395,3 +395,31 @@ async def test_a_stop_turn_on_another_replica_ends_a_run_parked_on_this_one(
     assert kinds(events)[-1] == "run_cancelled"
     assert events[-1].run_cancelled.reason == "stop_directive"
     assert mcp.counts("note") == {}
+
+
+async def test_a_cancel_on_another_replica_ends_a_parked_run_at_once_in_a_full_process(
+    start_server, store_url: str, mcp: McpServerProcess
+) -> None:
+    """As a cancel here does: the cancel another replica recorded wakes the run without
+    stopping it here, and (review) it waited for a place to write its end."""
+    replicas_only(store_url)
+    request = tool_request("use note for buy milk", mcp, "full-remote")
+    async with (
+        start_server(replica_id="A", max_runs=1) as a,
+        start_server(replica_id="B") as b,
+        grpc.aio.insecure_channel(a.address) as to_a,
+        grpc.aio.insecure_channel(b.address) as to_b,
+    ):
+        on_a = pb_grpc.OrchestratorServiceStub(to_a)
+        reader = Reader(on_a.StartRun(request))
+        await reader.until("permission_required")
+        await waiting_run(on_a, "full-remote")
+        busy = asyncio.ensure_future(collect(on_a.StartRun(slow_request("busy-remote"))))
+        await until_status(on_a, "busy-remote", pb.RUN_STATUS_RUNNING)
+        on_b = pb_grpc.OrchestratorServiceStub(to_b)
+        await on_b.CancelRun(pb.CancelRunRequest(run_id="full-remote", tenant="tenant-1"))
+        events = await reader.end()
+        assert not busy.done(), "it ended while the other run held the place"
+        assert kinds(await busy)[-1] == "run_completed"
+    assert kinds(events)[-1] == "run_cancelled"
+    assert mcp.counts("note") == {}

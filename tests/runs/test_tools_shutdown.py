@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from roundtable.server import RunningServer
+from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
@@ -31,23 +32,21 @@ async def draining_with_a_stream_open(
     request: pb.StartRunRequest,
     until: str,
     prepare: Callable[[RunningServer], None] = lambda _: None,
-) -> AsyncIterator[Reader]:
+) -> AsyncIterator[tuple[Reader, pb_grpc.OrchestratorServiceStub]]:
     """A server (`prepare`d) with `request`'s stream open; once the stream has brought
     `until`, the server drains (a 5 s grace) while the client keeps its stream: the run is
-    stopped by the shutdown alone (a client that left would have cancelled it)."""
+    stopped by the shutdown alone (a client that left would have cancelled it). Yields the
+    stream and a client of the server, for calls during the drain."""
     channel: grpc.aio.Channel | None = None
     try:
         async with start_server(grace_seconds=5.0) as server:
             prepare(server)
             channel = grpc.aio.insecure_channel(server.address)
-            reader = Reader(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
+            stub = pb_grpc.OrchestratorServiceStub(channel)
+            reader = Reader(stub.StartRun(request))
             await reader.until(until)
-            yield reader
-        # The drain ended the stream, telling the client to send the same StartRun again.
-        await asyncio.wait({reader.task}, timeout=5)
-        error = reader.task.exception()
-        assert isinstance(error, grpc.aio.AioRpcError), error
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
+            yield reader, stub
+        await asyncio.wait({reader.task}, timeout=5)  # the drain ended the stream
     finally:
         if channel is not None:
             await channel.close()
@@ -75,6 +74,13 @@ async def approve_on_a_new_server(
     assert mcp.counts("note") == {sent_key(run_id, asked.permission_request_id): 1}
 
 
+def assert_told_to_resend(reader: Reader) -> None:
+    """The drain ended the stream telling the client to send the same StartRun again."""
+    error = reader.task.exception()
+    assert isinstance(error, grpc.aio.AioRpcError), error
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+
+
 def verdicts(store_url: str, run_id: str) -> list[Any]:
     return query(store_url, f"SELECT verdict FROM rt_tool_calls WHERE run_id = '{run_id}'")
 
@@ -88,9 +94,10 @@ async def test_a_call_asked_for_during_the_drain_waits_for_the_person(
     request = tool_request("use note for buy milk", mcp, "drain-asks")
     slow = spb.ModelTarget(provider="offline", model="m", base_url="offline:?latency_ms=600")
     request.snapshot.session.default_model.CopyFrom(spb.ModelRef(target=slow))
-    async with draining_with_a_stream_open(start_server, request, "speaker_started") as reader:
+    async with draining_with_a_stream_open(start_server, request, "speaker_started") as (reader, _):
         pass
     assert kinds(reader.events)[-1] == "permission_required", "asked, and the stream ended"
+    assert_told_to_resend(reader)
     assert not finals(reader.events)
     assert verdicts(store_url, "drain-asks") == [("",)]
     await approve_on_a_new_server(start_server, request, mcp)
@@ -118,8 +125,37 @@ async def test_a_call_announced_as_the_drain_begins_is_not_denied(
 
     async with draining_with_a_stream_open(
         start_server, request, "permission_required", slow_parks
-    ) as reader:
+    ) as (reader, _):
         pass
     assert kinds(reader.events)[-1] == "permission_required"
+    assert_told_to_resend(reader)
     assert verdicts(store_url, "drain-parks") == [("",)]
     await approve_on_a_new_server(start_server, request, mcp)
+
+
+async def test_a_cancel_during_the_drain_still_denies_the_call(
+    start_server: ServerFactory, store_url: str, mcp: McpServerProcess
+) -> None:
+    # Review: the shutdown's stop came first, and the first reason won: a cancel sent
+    # during the drain's grace was dropped, the call the model asked for then waited, and
+    # the next server asked the person about a run its user had cancelled.
+    request = tool_request("use note for buy milk", mcp, "drain-cancel")
+    slow = spb.ModelTarget(provider="offline", model="m", base_url="offline:?latency_ms=600")
+    request.snapshot.session.default_model.CopyFrom(spb.ModelRef(target=slow))
+    cancel = pb.CancelRunRequest(run_id="drain-cancel", tenant="tenant-1")
+    async with draining_with_a_stream_open(start_server, request, "speaker_started") as (
+        reader,
+        stub,
+    ):
+
+        async def cancel_in_the_grace() -> None:
+            await asyncio.sleep(0.2)  # the drain has begun; the model still answers
+            await stub.CancelRun(cancel)
+
+        cancelled = asyncio.ensure_future(cancel_in_the_grace())
+    await cancelled
+    # A graceful cancel: the one speaker answers, told the call was denied.
+    (final,) = finals(reader.events)
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
+    assert verdicts(store_url, "drain-cancel") == [("cancelled",)]
+    assert mcp.counts("note") == {}

@@ -61,7 +61,7 @@ class StopSignal:
 
     async def refresh(self) -> None:
         """Picks up a stop recorded elsewhere (no-op without a poller)."""
-        if self.poller is not None and not self.reason:
+        if self.poller is not None and not self.denies:
             reason = await self.poller()
             if reason:
                 self.request(reason)
@@ -79,8 +79,12 @@ class StopSignal:
         return bool(self.reason) and self.reason != SHUTDOWN_REASON
 
     def request(self, reason: str) -> None:
-        """Asks the run to stop before its next speaker (the first reason wins)."""
-        self.reason = self.reason or reason
+        """Asks the run to stop before its next speaker. The first reason wins, but one
+        someone asked for (a cancel, 停止) replaces a shutdown's: it denies the calls still
+        waiting, and the run ends cancelled, not interrupted (review: a cancel during the
+        drain's grace was dropped, and the next server asked the person anyway)."""
+        if not self.reason or (self.reason == SHUTDOWN_REASON and reason != SHUTDOWN_REASON):
+            self.reason = reason
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 

@@ -95,6 +95,10 @@ class Coordination(Protocol):
         for it is recorded by another replica (None: every decision lands here)."""
         ...
 
+    async def cancel_recorded(self, record: RunRecord) -> str:
+        """The reason of a cancel another replica recorded for this run ("" for none)."""
+        ...
+
 
 class LocalCoordination:
     """One process owns the store: nothing to lock, lease, fence or poll."""
@@ -140,6 +144,10 @@ class LocalCoordination:
     def watch_parked(self, parked: ParkedKeys, wake: Wake) -> asyncio.Task[None] | None:
         """ResolvePermission always lands in the process that holds the run."""
         return None
+
+    async def cancel_recorded(self, record: RunRecord) -> str:
+        """CancelRun always lands in the process that holds the run."""
+        return ""
 
 
 class SharedCoordination:
@@ -270,6 +278,10 @@ class SharedCoordination:
                 live.lease_lost = True
                 live.interrupt_graph()
                 return
+
+    async def cancel_recorded(self, record: RunRecord) -> str:
+        """The reason of a cancel recorded for the run, read from its row now."""
+        return await self.remote_cancel(record)
 
     async def remote_cancel(
         self, record: RunRecord, *, immediate_only: bool = False, marks: CancelMarks | None = None

@@ -114,8 +114,15 @@ class Parking:
             try:
                 launch = self.registry.unpark(live)
             except TooManyRuns:
-                self._no_room[live.key] = live
-                return
+                # A stopped run needs no place (it only writes its end), and a cancel
+                # recorded by another replica woke it without stopping it here yet (review:
+                # it waited for a place in a full process).
+                reason = await self.coordination.cancel_recorded(live.record)
+                if not reason:
+                    self._no_room[live.key] = live
+                    return
+                live.stop.request(reason)
+                launch = self.registry.unpark(live)
             self._no_room.pop(live.key, None)
             try:
                 resumed = await self.log.store.resume_parked(

@@ -18,8 +18,6 @@ from roundtable.runs.threads import LocalRun
 if TYPE_CHECKING:
     from roundtable.runs.execution import Launch
 
-"""The stop reason of runs a draining server interrupts (they resume on the same StartRun)."""
-
 
 class LiveRegistry:
     """The live runs of this process, by (tenant, run_id) and by thread."""

@@ -283,7 +283,7 @@ class SqliteRunStore(SqlRegistry, SqlToolCalls):
         try:
             lock_fd = _lock_for_this_process(path)
         except OSError as exc:
-            raise StoreUnavailable(f"cannot open it: {exc.strerror}") from None
+            raise StoreUnavailable(f"cannot open it: {exc.strerror or exc}") from None
         try:
             conn = connect_log(path)
             _create_schema(conn)
@@ -294,7 +294,7 @@ class SqliteRunStore(SqlRegistry, SqlToolCalls):
                 os.close(lock_fd)  # not served after all
             if isinstance(exc, OSError | sqlite3.Error):
                 # sqlite3's own words ("file is not a database"), or the OS's.
-                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
                 raise StoreUnavailable(f"cannot open it: {why}") from None
             raise
         return cls(conn, saver, path=path, checkpoint_every=checkpoint_every, lock_fd=lock_fd)

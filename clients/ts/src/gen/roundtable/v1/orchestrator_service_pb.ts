@@ -340,7 +340,8 @@ export type ResolvePermissionRequest = Message<"roundtable.v1.ResolvePermissionR
 
   /**
    * With APPROVE: the arguments to run the call with instead of the model's,
-   * a JSON object of at most 64 KiB. Optional; not allowed with DENY.
+   * a JSON object of at most 64 KiB; the member is told it ran with them.
+   * Optional; not allowed with DENY.
    *
    * @generated from field: string edited_arguments_json = 5;
    */
