@@ -25,6 +25,7 @@ from roundtable.graph.directives import (
     classify,
     continued_text,
     is_cjk,
+    words_hash,
 )
 from roundtable.graph.memory_select import memory_query, select_memories
 from support.bounded import call_bounded
@@ -592,24 +593,29 @@ def test_a_wrong_count_off_is_asked_again_in_both_languages_whatever_its_problem
 USER, ASSISTANT = MessageRole.USER, MessageRole.ASSISTANT
 
 
+Q1, Q2 = "what should we cook tonight?", "what is 2+2?"
+
+
 @pytest.mark.parametrize(
-    ("history", "continued"),
+    ("history", "answered", "continued"),
     [
-        # What the stopped run answered, past the replies it gave and the stop.
-        (
-            [(USER, "what should we cook tonight?"), (ASSISTANT, "Pasta."), (USER, "停止")],
-            "what should we cook tonight?",
-        ),
-        ([(USER, "今晚吃什么？"), (USER, "@Alice stop!"), (USER, "继续")], "今晚吃什么？"),
-        ([(USER, "今晚吃什么？"), (USER, "请停止"), (USER, "go on, please")], "今晚吃什么？"),
-        # Nothing else the user said: the turn's own words.
-        ([(USER, "stop"), (ASSISTANT, "Pasta.")], "继续"),
-        ([], "继续"),
+        # The words the stopped run answered, found by the hash its row keeps, even with
+        # a later question (answered by a run in between) after them.
+        ([(USER, Q1), (USER, "停止"), (USER, Q2), (ASSISTANT, "4")], words_hash(Q1), Q1),
+        ([(USER, Q1), (ASSISTANT, "Pasta."), (USER, Q1)], words_hash(Q1), Q1),
+        # Not in the history (cut by the gateway's window): the turn's own words.
+        ([(USER, Q2), (USER, "stop")], words_hash(Q1), "继续"),
+        # A run that kept no hash: what it answered, past the replies it gave and the stop.
+        ([(USER, Q1), (ASSISTANT, "Pasta."), (USER, "停止")], "", Q1),
+        ([(USER, "今晚吃什么？"), (USER, "@Alice stop!"), (USER, "继续")], "", "今晚吃什么？"),
+        ([(USER, "今晚吃什么？"), (USER, "请停止"), (USER, "go on, please")], "", "今晚吃什么？"),
+        ([(USER, "stop"), (ASSISTANT, "Pasta.")], "", "继续"),
+        ([], "", "继续"),
     ],
 )
 def test_a_continue_turn_answers_what_the_stopped_run_was_answering(
-    history: list[tuple[MessageRole, str]], continued: str
+    history: list[tuple[MessageRole, str]], answered: str, continued: str
 ) -> None:
     # Outside testing: the speakers a continue turn took over answered "继续" itself.
     messages = tuple(HistoryMessage(role=role, content=text) for role, text in history)
-    assert continued_text(replace(snap("继续"), history=messages)) == continued
+    assert continued_text(replace(snap("继续"), history=messages), answered) == continued

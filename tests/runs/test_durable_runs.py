@@ -94,15 +94,17 @@ async def test_graceful_cancel_finishes_the_speaker_then_continue_resumes(stub) 
     assert await get_status(stub, "grace-1") == pb.RUN_STATUS_CANCELLED
 
     # "继续" on the same thread speaks the steps left, with their original reply ids, about
-    # what the stopped run was answering (outside testing: they answered "继续" itself).
+    # what the stopped run was answering (outside testing: they answered "继续" itself;
+    # review: not the question a later turn asked).
     continued = slow_request("继续", run_id="grace-2", thread_id="t-grace")
-    continued.snapshot.history.add(
-        role=spb.MESSAGE_ROLE_USER, content=request.snapshot.user_turn.text
-    )
+    history = continued.snapshot.history
+    history.add(role=spb.MESSAGE_ROLE_USER, content=request.snapshot.user_turn.text)
     for final in got:
-        continued.snapshot.history.add(
+        history.add(
             role=spb.MESSAGE_ROLE_ASSISTANT, member_id=final.member_id, content=final.content
         )
+    history.add(role=spb.MESSAGE_ROLE_USER, content="@a what is 2+2?")
+    history.add(role=spb.MESSAGE_ROLE_ASSISTANT, member_id="a", content="4")
     more = await collect(stub.StartRun(continued))
     plan = of_kind(more, "plan_created")[0].plan_created
     assert plan.source == epb.PLAN_SOURCE_CONTINUED and plan.continued_run_id == "grace-1"

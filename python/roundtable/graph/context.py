@@ -198,6 +198,8 @@ class GraphContext:
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
     prior: Prior = Prior()
     continuation: Continuation | None = None
+    continued_words: str = ""
+    """The user's words the steps a continue turn took over answer ("": none taken)."""
     tracer: trace.Tracer | None = None
     """Spans for nodes and speakers; None when nothing is traced (no span is even made)."""
     metrics: Metrics = field(default_factory=no_metrics)

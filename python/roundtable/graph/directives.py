@@ -7,6 +7,7 @@ single chat, the primary member answering).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 import unicodedata
@@ -286,13 +287,24 @@ def _command(raw: str, roster: _Roster) -> str:
     return _after_leading_mentions(fold(raw), roster) if len(raw) <= MAX_COMMAND_CHARS else ""
 
 
-def continued_text(snapshot: Snapshot) -> str:
-    """What the speakers a continue turn takes over answer: the user's latest message in
-    the history that is no stop or continue (the one the stopped run was answering: "继续"
-    asks nothing of them); the turn's own text when the history holds none."""
+def words_hash(text: str) -> str:
+    """A short hash of a user's words: what a run keeps of them (`RunRecord.turn_hash`)."""
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def continued_text(snapshot: Snapshot, answered: str) -> str:
+    """What the speakers a continue turn takes over answer: the user's words the stopped
+    run was answering, the latest message of the history with their hash `answered`
+    (outside testing: they answered "继续" itself; review: not a later question, answered
+    by a run in between). For a run that kept no hash (an earlier version's), the user's
+    latest message that is no stop or continue. The turn's own text when none is found."""
     roster = _Roster(snapshot.members)
     for message in reversed(snapshot.history):
         if message.role is not MessageRole.USER:
+            continue
+        if answered:
+            if words_hash(message.content) == answered:
+                return message.content
             continue
         command = _command(message.content.strip(), roster)
         if not (command and (_STOP.match(command) or _CONTINUE.match(command))):

@@ -29,7 +29,6 @@ from roundtable.domain.snapshot import Member, ModelRef
 from roundtable.domain.tools import ToolCallRecord, ToolCallSummary
 from roundtable.graph.context import GraphContext
 from roundtable.graph.countoff import check_count_off, count_off_again
-from roundtable.graph.directives import continued_text
 from roundtable.graph.memory_select import memory_query, select_memories
 from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
@@ -232,7 +231,7 @@ def _answered(ctx: GraphContext, step: PlanStep) -> str:
     (outside testing: the speakers answered "继续" itself)."""
     if run_of_reply(step.reply_id) == ctx.request.context.run_id:
         return ctx.request.snapshot.user_turn.text
-    return continued_text(ctx.request.snapshot)
+    return ctx.continued_words or ctx.request.snapshot.user_turn.text
 
 
 class _Asker:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from roundtable.domain.plan import run_of_reply
 from roundtable.graph.context import Continuation
+from roundtable.graph.directives import continued_text
+from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.store.base import RunRecord
 
@@ -39,3 +42,19 @@ async def claim_continuation(record: RunRecord, log: EventLog) -> Continuation |
                 )
             return Continuation(run_id=earlier.run_id, steps=steps)
     return None
+
+
+async def continued_words(live: LiveRun, log: EventLog, continuation: Continuation | None) -> str:
+    """The user's words the steps a continue turn took over answer (`continued_text`),
+    found by the hash the stopped run's row keeps; "" when the run continues none. The
+    stopped run is the claim's, or, on a resume, the one its logged steps' reply ids name."""
+    own = live.record.run_id
+    stopped = continuation.run_id if continuation is not None else ""
+    for step in () if stopped else live.progress.steps:
+        if run_of_reply(step.reply_id) != own:
+            stopped = run_of_reply(step.reply_id)
+            break
+    if not stopped:
+        return ""
+    record = await log.store.get_run(live.record.tenant, stopped)
+    return continued_text(live.request.snapshot, record.turn_hash if record is not None else "")

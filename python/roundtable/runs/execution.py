@@ -36,13 +36,12 @@ from roundtable.graph.context import (
     GraphContext,
     Parked,
     Prior,
-    StopSignal,
     ToolRuntime,
 )
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
 from roundtable.runs.approvals import decided_meanwhile
-from roundtable.runs.continuation import claim_continuation
+from roundtable.runs.continuation import claim_continuation, continued_words
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.identity import span_context
 from roundtable.runs.live import LiveRun
@@ -50,6 +49,7 @@ from roundtable.runs.log import EventLog
 from roundtable.runs.progress import cancelled_event, completed_event
 from roundtable.runs.registry import LiveRegistry
 from roundtable.runs.sink import RunSink
+from roundtable.runs.threads import until_stopped
 from roundtable.store.base import LeaseLost, RunRecord, RunStatus
 from roundtable.telemetry.attributes import run_correlation
 from roundtable.telemetry.metrics import Metrics, no_metrics
@@ -89,19 +89,6 @@ class Launch:
     unparks: bool = False
     """The run waited for approval: this execution goes on with the one that parked it
     (no run_started: the log's last execution has not ended)."""
-
-
-async def _until_stopped(waiting: Awaitable[Any], stop: StopSignal) -> None:
-    """Awaits `waiting`, or less: until a stop is requested (then `waiting` is cancelled)."""
-    queued = asyncio.ensure_future(waiting)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((queued, stopped), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        queued.cancel()
-        stopped.cancel()
-    if queued.done() and not queued.cancelled():
-        queued.result()  # its error, if it failed
 
 
 class Executor:
@@ -261,13 +248,13 @@ class Executor:
             await self._wait_turn(live, launch.wait_for, sink, started)
         continuation = None
         if launch.unparks:
-            return await self._invoke(live, launch, self._context(live, launch, sink, None))
+            return await self._invoke(live, launch, await self._context(live, launch, sink, None))
         if launch.directive.kind is DirectiveKind.CONTINUE and not live.progress.steps:
             # Claimed only now, once the run may start: a continue turn queued behind
             # another run takes over whatever is left when its turn comes.
             continuation = await claim_continuation(live.record, self.log)
         await sink.emit(started)
-        context = self._context(live, launch, sink, continuation)
+        context = await self._context(live, launch, sink, continuation)
         return await self._invoke(live, launch, context)
 
     async def _wait_turn(
@@ -282,7 +269,7 @@ class Executor:
         polling)."""
         watcher = self.coordination.watch_queued(live.stop)
         try:
-            await _until_stopped(wait_for(), live.stop)
+            await until_stopped(wait_for(), live.stop)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -293,10 +280,11 @@ class Executor:
         live.record.status = RunStatus.RUNNING
         await self.log.store.update_run(live.record)
 
-    def _context(
+    async def _context(
         self, live: LiveRun, launch: Launch, sink: RunSink, continuation: Continuation | None
     ) -> GraphContext:
-        progress = live.progress
+        progress, continues = live.progress, launch.directive.kind is DirectiveKind.CONTINUE
+        words = await continued_words(live, self.log, continuation) if continues else ""
         return GraphContext(
             request=live.request,
             directive=launch.directive,
@@ -315,6 +303,7 @@ class Executor:
             ),
             tools=self.tools,
             continuation=continuation,
+            continued_words=words,
             tracer=self.tracer,
             metrics=self.metrics,
         )

@@ -26,7 +26,7 @@ from roundtable.domain.errors import (
 )
 from roundtable.domain.events import Envelope
 from roundtable.domain.snapshot import RunRequest
-from roundtable.graph.directives import classify
+from roundtable.graph.directives import classify, words_hash
 from roundtable.runs.approvals import Approvals
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.decisions import StartAction, decide_start
@@ -236,6 +236,7 @@ class RunManager:
             created_at=now,
             updated_at=now,
             trace_context=trace_context(),
+            turn_hash=words_hash(request.snapshot.user_turn.text),
             owner=self.owner,
             lease_until=now + self.lease_s,
         )

@@ -7,12 +7,14 @@ by polling it) look the same to it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from roundtable.domain.errors import ThreadBusy
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import BusyThreadPolicy, RunRequest
+from roundtable.graph.context import StopSignal
 from roundtable.graph.directives import Directive
 from roundtable.runs.live import LiveRun
 
@@ -84,3 +86,16 @@ async def claim_thread(
             await run.wait()
 
     return wait
+
+
+async def until_stopped(waiting: Awaitable[Any], stop: StopSignal) -> None:
+    """Awaits `waiting`, or less: until a stop is requested (then `waiting` is cancelled)."""
+    queued = asyncio.ensure_future(waiting)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((queued, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        queued.cancel()
+        stopped.cancel()
+    if queued.done() and not queued.cancelled():
+        queued.result()  # its error, if it failed

@@ -91,6 +91,9 @@ class RunRecord:
     cancel_reason: str = ""
     continued_by: str = ""
     """For a run whose steps left a continue turn took over: that turn's run id."""
+    turn_hash: str = ""
+    """The hash of the user's words the run answers (`graph.directives.words_hash`): a
+    continue turn finds them in its history ("" from a version that kept none)."""
 
     def leased_by_other(self, owner: str, now: float) -> bool:
         """Whether another replica holds a live lease on the run."""

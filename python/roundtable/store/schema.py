@@ -115,6 +115,7 @@ RUNS = Table(
         Column("cancel_mode", ColumnType.TEXT, "''"),
         Column("cancel_reason", ColumnType.TEXT, "''"),
         Column("continued_by", ColumnType.TEXT, "''"),
+        Column("turn_hash", ColumnType.TEXT, "''"),
         Column("created_at", ColumnType.REAL),
         Column("updated_at", ColumnType.REAL),
     ),
