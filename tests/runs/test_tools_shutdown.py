@@ -81,6 +81,15 @@ def assert_told_to_resend(reader: Reader) -> None:
     assert error.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def slow_tool_request(mcp: McpServerProcess, run_id: str) -> pb.StartRunRequest:
+    """`tool_request` whose model answers 600 ms after it is asked: the drain begins while
+    it answers."""
+    request = tool_request("use note for buy milk", mcp, run_id)
+    slow = spb.ModelTarget(provider="offline", model="m", base_url="offline:?latency_ms=600")
+    request.snapshot.session.default_model.CopyFrom(spb.ModelRef(target=slow))
+    return request
+
+
 def verdicts(store_url: str, run_id: str) -> list[Any]:
     return query(store_url, f"SELECT verdict FROM rt_tool_calls WHERE run_id = '{run_id}'")
 
@@ -91,9 +100,7 @@ async def test_a_call_asked_for_during_the_drain_waits_for_the_person(
     # Review: the shutdown's stop counted as a cancel; a speaker still answering when the
     # drain began, whose model then asked for a call that needs approval, recorded it
     # denied: nobody was asked, and the model was told the person said no.
-    request = tool_request("use note for buy milk", mcp, "drain-asks")
-    slow = spb.ModelTarget(provider="offline", model="m", base_url="offline:?latency_ms=600")
-    request.snapshot.session.default_model.CopyFrom(spb.ModelRef(target=slow))
+    request = slow_tool_request(mcp, "drain-asks")
     async with draining_with_a_stream_open(start_server, request, "speaker_started") as (reader, _):
         pass
     assert kinds(reader.events)[-1] == "permission_required", "asked, and the stream ended"
@@ -139,9 +146,7 @@ async def test_a_cancel_during_the_drain_still_denies_the_call(
     # Review: the shutdown's stop came first, and the first reason won: a cancel sent
     # during the drain's grace was dropped, the call the model asked for then waited, and
     # the next server asked the person about a run its user had cancelled.
-    request = tool_request("use note for buy milk", mcp, "drain-cancel")
-    slow = spb.ModelTarget(provider="offline", model="m", base_url="offline:?latency_ms=600")
-    request.snapshot.session.default_model.CopyFrom(spb.ModelRef(target=slow))
+    request = slow_tool_request(mcp, "drain-cancel")
     cancel = pb.CancelRunRequest(run_id="drain-cancel", tenant="tenant-1")
     async with draining_with_a_stream_open(start_server, request, "speaker_started") as (
         reader,
