@@ -147,6 +147,14 @@ async def test_kill_in_the_middle_of_a_reply(tmp_path: Path) -> None:
     assert [f.step for f in finals(a_events)] == [0, 1, 2]
     assert_exactly_once(a_events, b_events, 6, "ab-delta")
     assert [f.step for f in finals(b_events)] == [3, 4, 5], "the half-spoken speaker speaks again"
+    # It starts over as attempt 2, past A's, so a client drops A's half-spoken text (review:
+    # it said attempt 1 again, and its deltas went on from the same counter).
+    started = [e.speaker_started for e in of_kind(b_events, "speaker_started")]
+    assert [(s.reply_id, s.attempt) for s in started] == [
+        ("ab-delta#3", 2),
+        ("ab-delta#4", 1),
+        ("ab-delta#5", 1),
+    ]
     assert dispatch_calls(b) == 3
     assert status == pb.RUN_STATUS_SUCCEEDED
 

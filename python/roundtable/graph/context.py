@@ -157,6 +157,8 @@ class Prior:
     """round -> (who planned it, whether the discussion was finished after it)."""
     announced: frozenset[str] = frozenset()
     """Permission requests already in the log (permission_required is not emitted twice)."""
+    started: Mapping[str, int] = field(default_factory=dict)
+    """reply_id -> the attempt the reply's last logged speaker_started began."""
 
     def usage_of(self, reply_ids: Iterable[str]) -> TokenUsage:
         """The tokens the logged finals of these replies report, summed."""

@@ -300,6 +300,7 @@ class Executor:
                 memory_proposed=progress.memory_proposed,
                 verdicts=dict(progress.verdicts),
                 announced=frozenset(progress.permissions),
+                started=dict(progress.started),
             ),
             tools=self.tools,
             continuation=continuation,

@@ -21,6 +21,7 @@ from roundtable.domain.events import (
     RunCancelled,
     RunCompleted,
     SpeakerFailed,
+    SpeakerStarted,
     TokenUsage,
 )
 from roundtable.domain.plan import PlanSource, PlanStep
@@ -41,6 +42,8 @@ class Progress:
     """round -> (who planned it, whether the discussion was finished after it)."""
     permissions: dict[str, PermissionRequired] = field(default_factory=dict)
     """The permission requests in the log, by id (whether decided is the store's to say)."""
+    started: dict[str, int] = field(default_factory=dict)
+    """reply_id -> the attempt its last speaker_started in the log began."""
 
     @classmethod
     def of(cls, envelopes: Iterable[Envelope]) -> Progress:
@@ -52,7 +55,9 @@ class Progress:
 
     def observe(self, event: Event) -> None:
         """Updates the progress with one durable event (emitted here, or read from the log)."""
-        if isinstance(event, PlanCreated):
+        if isinstance(event, SpeakerStarted):
+            self.started[event.reply_id] = event.attempt
+        elif isinstance(event, PlanCreated):
             self._plan(event.round, event.source, event.converged, event.steps)
         elif isinstance(event, AssistantFinal):
             self.finished[event.reply_id] = event.content

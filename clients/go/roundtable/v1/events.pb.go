@@ -994,7 +994,10 @@ type SpeakerStarted struct {
 	// The reply being written.
 	ReplyId string `protobuf:"bytes,3,opt,name=reply_id,json=replyId,proto3" json:"reply_id,omitempty"`
 	// 1 for the first attempt; a count-off reply that failed validation is
-	// asked again as attempt 2 and 3.
+	// asked again as attempt 2 and 3. A speaker an earlier execution of the run
+	// began and left unfinished (a crash, a restart) starts over with the next
+	// number. A speaker that waited for a person's decision goes on with the
+	// attempt it began: no second SpeakerStarted.
 	Attempt       uint32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1074,7 +1077,8 @@ type AssistantDelta struct {
 	// chunks of earlier values are dropped. It goes up whenever the reply's text
 	// starts over (a count-off asked again, a model call retried or failed over
 	// after it had streamed, text said beside a tool call), so it is not
-	// SpeakerStarted.attempt and may run ahead of it.
+	// SpeakerStarted.attempt and may run ahead of it. A SpeakerStarted of the
+	// reply starts its text over too, whatever the counter says.
 	Attempt       uint32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -384,7 +384,10 @@ export type SpeakerStarted = Message<"roundtable.v1.SpeakerStarted"> & {
 
   /**
    * 1 for the first attempt; a count-off reply that failed validation is
-   * asked again as attempt 2 and 3.
+   * asked again as attempt 2 and 3. A speaker an earlier execution of the run
+   * began and left unfinished (a crash, a restart) starts over with the next
+   * number. A speaker that waited for a person's decision goes on with the
+   * attempt it began: no second SpeakerStarted.
    *
    * @generated from field: uint32 attempt = 4;
    */
@@ -428,7 +431,8 @@ export type AssistantDelta = Message<"roundtable.v1.AssistantDelta"> & {
    * chunks of earlier values are dropped. It goes up whenever the reply's text
    * starts over (a count-off asked again, a model call retried or failed over
    * after it had streamed, text said beside a tool call), so it is not
-   * SpeakerStarted.attempt and may run ahead of it.
+   * SpeakerStarted.attempt and may run ahead of it. A SpeakerStarted of the
+   * reply starts its text over too, whatever the counter says.
    *
    * @generated from field: uint32 attempt = 3;
    */
