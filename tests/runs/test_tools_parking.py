@@ -423,3 +423,39 @@ async def test_a_cancel_on_another_replica_ends_a_parked_run_at_once_in_a_full_p
         assert kinds(await busy)[-1] == "run_completed"
     assert kinds(events)[-1] == "run_cancelled"
     assert mcp.counts("note") == {}
+
+
+async def test_a_run_waiting_for_a_place_is_not_woken_by_the_watch_for_its_own_decision(
+    start_server, store_url: str, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decided while the process is full, the run waits for a place. The watch of parked
+    runs kept finding its decision and waking it every 0.2 s, each time for a lock and a
+    read of its row that only found no room again (review). It goes on once room frees."""
+    replicas_only(store_url)
+    request = tool_request("use note for buy milk", mcp, "full-quiet")
+    async with (
+        start_server(replica_id="A", max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, "full-quiet")
+        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-quiet"))))
+        await until_status(stub, "busy-quiet", pb.RUN_STATUS_RUNNING)
+        reads: list[str] = []
+        real_get_run = server.store.get_run
+
+        async def counted(tenant: str, run_id: str) -> object:
+            reads.append(run_id)
+            return await real_get_run(tenant, run_id)
+
+        monkeypatch.setattr(server.store, "get_run", counted)
+        await stub.ResolvePermission(resolve("full-quiet", asked.permission_request_id, APPROVE))
+        await asyncio.sleep(1.0)  # five of the watch's polls, the busy run still running
+        assert not busy.done()
+        assert reads.count("full-quiet") <= 1, reads  # the decision's own look, not one a poll
+        assert kinds(await busy)[-1] == "run_completed"
+        events = await reader.end(wait_s=10)
+    assert kinds(events)[-1] == "run_completed"
+    assert mcp.counts("note") == {sent_key("full-quiet", asked.permission_request_id): 1}

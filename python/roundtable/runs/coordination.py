@@ -39,8 +39,9 @@ Accept = Callable[[CancelMark | None], None]
 ParkedKeys = Callable[[], Mapping[tuple[str, str], object]]
 """The runs this process keeps parked now, by (tenant, run_id): each with a token of its
 park (another object once it was resumed and parked again)."""
-Wake = Callable[[tuple[str, str]], None]
-"""Resumes a run this process keeps parked."""
+Wake = Callable[[tuple[str, str], bool], None]
+"""Resumes a run this process keeps parked; the flag says a cancel is recorded for it (a
+run that waits for room for its decision goes on before then only for one)."""
 
 
 class CancelMarks(Protocol):
@@ -248,10 +249,10 @@ class SharedCoordination:
                     # or not by this round).
                     for key in held.keys() - kept:
                         if here.get(key) is held[key]:
-                            wake(key)
-                for key in await self.store.decided_parked(self.owner):
-                    if key in here:
-                        wake(key)
+                            wake(key, False)
+                for tenant, run_id, cancelled in await self.store.decided_parked(self.owner):
+                    if (tenant, run_id) in here:
+                        wake((tenant, run_id), cancelled)
             except Exception as exc:  # the store is unreachable: try again next time
                 log.warning("parked runs' watch failed: %s", type(exc).__name__)
 

@@ -75,7 +75,12 @@ class Parking:
         if not self._closed and (self._watch is None or self._watch.done()):
             self._watch = self.coordination.watch_parked(self.registry.parked_keys, self._wake_key)
 
-    def _wake_key(self, key: tuple[str, str]) -> None:
+    def _wake_key(self, key: tuple[str, str], cancelled: bool) -> None:
+        if key in self._no_room and not cancelled:
+            # It has its decision and goes on when a place frees (`_room`): woken at each
+            # poll it only found no room again, a lock and a read of its row every 0.2 s
+            # (review). A cancel it takes at once: a stopped run needs no place.
+            return
         live = self.registry.get(*key)
         if live is not None:
             self.wake(live)

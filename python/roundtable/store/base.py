@@ -256,9 +256,9 @@ class RunStore(ToolCallStore, Protocol):
         replica's now."""
         ...
 
-    async def decided_parked(self, owner: str) -> list[tuple[str, str]]:
-        """(tenant, run_id) of the runs `owner` keeps parked that have a decision or a
-        cancel recorded (by any replica) to act on."""
+    async def decided_parked(self, owner: str) -> list[tuple[str, str, bool]]:
+        """(tenant, run_id, whether a cancel is recorded) of the runs `owner` keeps parked
+        that have a decision or a cancel recorded (by any replica) to act on."""
         ...
 
     async def request_cancel(self, tenant: str, run_id: str, mode: str, reason: str) -> bool:

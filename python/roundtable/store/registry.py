@@ -138,6 +138,6 @@ class SqlRegistry(ABC):
             (tenant, run_id) for tenant, run_id in await self._read(self.sql.renew_parked, params)
         }
 
-    async def decided_parked(self, owner: str) -> list[tuple[str, str]]:
+    async def decided_parked(self, owner: str) -> list[tuple[str, str, bool]]:
         rows = await self._read(self.sql.decided_parked, {"owner": owner})
-        return [(tenant, run_id) for tenant, run_id in rows]
+        return [(tenant, run_id, bool(cancelled)) for tenant, run_id, cancelled in rows]

@@ -140,9 +140,10 @@ _TEMPLATES = Statements(
         "WHERE owner=:owner AND status='awaiting_approval' RETURNING tenant, run_id"
     ),
     # The runs parked by `owner` with a decision on one of their calls, or a cancel,
-    # recorded elsewhere.
+    # recorded elsewhere; and whether a cancel is.
     decided_parked=(
-        "SELECT r.tenant, r.run_id FROM rt_runs r WHERE r.owner=:owner "
+        "SELECT r.tenant, r.run_id, CASE WHEN r.cancel_mode<>'' THEN 1 ELSE 0 END "
+        "FROM rt_runs r WHERE r.owner=:owner "
         "AND r.status='awaiting_approval' AND (r.cancel_mode<>'' OR EXISTS ("
         "SELECT 1 FROM rt_tool_calls c WHERE c.tenant=r.tenant AND c.run_id=r.run_id "
         "AND c.needs_approval=1 AND c.verdict<>'' AND c.status='requested'))"
