@@ -13,7 +13,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
-from roundtable.domain.errors import ToolCircuitOpen, ToolRejected, ToolTimeout, ToolUnavailable
+from roundtable.domain.errors import (
+    ToolCircuitOpen,
+    ToolRateLimited,
+    ToolRejected,
+    ToolTimeout,
+    ToolUnavailable,
+)
 from roundtable.domain.tools import Tool, ToolCallRef
 from roundtable.harness.audit import AUDIT_LOGGER, ToolAuditRecord
 from roundtable.harness.policies import (
@@ -275,3 +281,22 @@ async def test_canary_no_token_or_argument_in_logs_spans_errors_or_reprs(
 
 def _fields(tool: Tool) -> dict[str, object]:
     return {f.name: getattr(tool, f.name) for f in fields(tool)}
+
+
+async def test_a_rate_limit_is_not_the_servers_health_and_opens_no_breaker(
+    mcp: McpServerProcess, harness: ToolHarness, audited: pytest.LogCaptureFixture
+) -> None:
+    # Review: a 429 counted as a failure of the server, and the breaker is the server's,
+    # shared by every tenant: one tenant's rate limit refused everyone's calls for its
+    # cooldown (the model side already left 429s out).
+    note = call_ref(mcp, "note", "r/1", text="x")
+    await harness.call(tool_request(note))
+    audited.clear()
+    mcp.fault(429, times=POLICY.breaker.failure_threshold + 1)
+    for _ in range(POLICY.breaker.failure_threshold + 1):
+        with pytest.raises(ToolRateLimited):
+            await harness.call(tool_request(note))
+    assert {line["error_code"] for line in audit(audited)} == {"TOOL_RATE_LIMITED"}
+    result = await harness.call(tool_request(call_ref(mcp, "note", "r/2", text="y")))
+    assert not result.is_error
+    assert mcp.counts("note")["r/2"] == 1, "the call reached the server"

@@ -260,6 +260,14 @@ class ToolUnavailable(ToolError):
     retryable = True
 
 
+class ToolRateLimited(ToolUnavailable):
+    """The tool server said 429: about the caller's credential or quota (one tenant's),
+    not the server's health, so no breaker counts it (`harness.policies.is_system_failure`)."""
+
+    message = "tool rate limited"
+    code = "TOOL_RATE_LIMITED"
+
+
 class ToolRejected(ToolError):
     """The tool server refused the call (unknown tool, bad arguments, 4xx, no auth)."""
 

@@ -10,6 +10,7 @@ from roundtable.domain.errors import (
     ModelRateLimited,
     ModelTimeout,
     ToolError,
+    ToolRateLimited,
     ToolTimeout,
 )
 from roundtable.domain.flags import flag
@@ -141,4 +142,4 @@ def is_system_failure(error: BaseException) -> bool:
     """
     if isinstance(error, ModelTimeout | ToolTimeout) and error.callers_deadline:
         return False
-    return is_transient(error) and not isinstance(error, ModelRateLimited)
+    return is_transient(error) and not isinstance(error, ModelRateLimited | ToolRateLimited)

@@ -29,7 +29,13 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from roundtable.domain.errors import ToolError, ToolRejected, ToolTimeout, ToolUnavailable
+from roundtable.domain.errors import (
+    ToolError,
+    ToolRateLimited,
+    ToolRejected,
+    ToolTimeout,
+    ToolUnavailable,
+)
 from roundtable.domain.tools import IDEMPOTENCY_META_KEY, ToolCallRef, ToolResult, ToolServer
 
 logger = logging.getLogger(__name__)
@@ -127,7 +133,9 @@ def _http_error(status: int) -> ToolError:
     our request's fault (any other 4xx: no or a wrong credential, a bad request)."""
     if status == 404:
         return SessionExpired("HTTP 404")
-    if status >= 500 or status in (408, 429):
+    if status == 429:
+        return ToolRateLimited("HTTP 429")
+    if status >= 500 or status == 408:
         return ToolUnavailable(f"HTTP {status}")
     return ToolRejected(f"HTTP {status}")
 
