@@ -282,3 +282,42 @@ async def test_a_stop_turn_on_the_thread_acts_as_a_graceful_cancel(
     assert sorted(f.member_id for f in finals(events)) == ["a", "b"], "both finished"
     assert len(of_kind(events, "speaker_started")) == 2, "c and d never started"
     assert events[-1].run_cancelled.reason == "stop_directive"
+
+
+async def test_a_resumed_group_keeps_its_replies_in_plan_order(start_server) -> None:
+    """B finished before the cancel, A and C after the resume: D, who builds on the group,
+    reads them A, B, C as a run that never stopped does (review: B, A, C, the log's
+    replies first), and so would the next round's planner and the memory proposal."""
+
+    def plan(call, schema):
+        steps = [{"member_id": m, "task": "Say what you think."} for m in "abc"]
+        steps.append({"member_id": "d", "task": "Answer all.", "builds_on_previous": True})
+        return schema.model_validate({"steps": steps, "converged": True})
+
+    def reply(call, attempt):
+        name = call.messages[0].content.split(".")[0].removeprefix("You are ")
+        return f"{name}-said " + ("" if name in ("B", "D") else "slowly " * 30)
+
+    provider = ScriptedProvider(reply=reply, plan=plan, token_delay_s=0.02)
+    members = [member(m, m.upper(), model=model_ref("scripted")) for m in "abcd"]
+    async with (
+        start_server(providers={"scripted": provider}) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        request = parallel_request("Should we go hiking?", members, "par-order")
+        request.snapshot.session.default_model.CopyFrom(model_ref("scripted"))
+        call = stub.StartRun(request)
+        head = await read_until(call, lambda e: e.WhichOneof("payload") == "assistant_final")
+        assert finals(head)[0].member_id == "b"
+        await stub.CancelRun(
+            pb.CancelRunRequest(
+                tenant="tenant-1", run_id="par-order", mode=pb.CANCEL_MODE_IMMEDIATE
+            )
+        )
+        await collect(call)
+        resumed = last_execution(await collect(stub.StartRun(request)))
+    assert [f.member_id for f in finals(resumed)][-1] == "d"
+    (d_call,) = [s.call for s in provider.seen if s.member == "D"]
+    said = "\n".join(m.content for m in d_call.messages)
+    assert said.index("A-said") < said.index("B-said") < said.index("C-said")

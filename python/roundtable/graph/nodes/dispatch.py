@@ -77,6 +77,11 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
                 replies.append(outcome.reply)
                 input_tokens += outcome.usage.input_tokens
                 output_tokens += outcome.usage.output_tokens
+        if len(batch) > 1:
+            # A resumed group's logged replies came first: in plan order again, as a run
+            # that never stopped has them (review: the next speakers, the next round's
+            # planner and the memory proposal read them B, A, C).
+            replies.sort(key=_step_of)
         if None in outcomes:
             raise Drained(ctx.stop.reason)  # a stop came mid-group: its rest never started
     return {
@@ -84,6 +89,10 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
     }
+
+
+def _step_of(reply: ReplyDict) -> int:
+    return reply["step"]
 
 
 def _before_group(
