@@ -5,6 +5,7 @@ Each test asserts what a gateway would notice: the events on the wire, in order.
 
 from __future__ import annotations
 
+import json
 import re
 
 import grpc
@@ -20,6 +21,7 @@ from roundtable.graph.nodes.propose_memory import (
     accept,
 )
 from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep
+from roundtable.models.structured import StructuredForm, parse_answer, portable_schema
 from roundtable.runs.execution import checkpoint_thread
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -449,6 +451,40 @@ def test_the_same_memory_proposed_twice_is_one_proposal_citing_both() -> None:
     ]
     (only,) = accept(twice, snapshot, replies, "r")  # type: ignore[arg-type]
     assert only.evidence_reply_ids == ("r#0", "r#1") and only.importance == 0.7
+
+
+def test_a_proposal_that_does_not_fit_its_schema_costs_only_itself() -> None:
+    # Review: one proposal out of range (an importance of 1.5, a content over 4,000
+    # characters) failed the whole answer, and the turn proposed nothing.
+    def proposal(content: str, importance: float) -> dict:
+        return {
+            "member_id": "a",
+            "action": "create",
+            "content": content,
+            "importance": importance,
+            "evidence_reply_ids": ["user"],
+        }
+
+    answer = json.dumps(
+        {
+            "proposals": [
+                proposal("likes tea", 0.6),
+                proposal("likes coffee", 1.5),
+                proposal("x" * 4001, 0.5),
+                "not a proposal",
+                proposal("喜欢绿茶", 1),
+            ]
+        }
+    )
+    parsed = parse_answer(answer, MemoryProposals, StructuredForm.JSON_SCHEMA)
+    assert isinstance(parsed, MemoryProposals)
+    assert [(p.content, p.importance) for p in parsed.proposals] == [
+        ("likes tea", 0.6),
+        ("喜欢绿茶", 1.0),
+    ]
+    # The model is told the range in words (the portable schema keeps no maximum).
+    item = portable_schema(MemoryProposals)["properties"]["proposals"]["items"]
+    assert "0 (trivial) to 1" in item["properties"]["importance"]["description"]
 
 
 def test_memory_proposals_are_bounded_so_their_event_fits_a_default_client() -> None:

@@ -16,7 +16,14 @@ import logging
 from typing import Literal
 
 from langgraph.runtime import Runtime
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from roundtable.domain import prompt_sections
 from roundtable.domain.errors import ModelError
@@ -44,7 +51,13 @@ class ProposedMemory(BaseModel):
     action: Literal["create", "update", "forget"]
     target_memory_id: str = Field(default="", description="For update and forget.", max_length=128)
     content: str = Field(default="", max_length=4000)
-    importance: float = Field(default=0.5, ge=0, le=1)
+    importance: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        # Said in words: the portable schema a server is sent has no minimum or maximum.
+        description="From 0 (trivial) to 1 (essential).",
+    )
     evidence_reply_ids: list[str] = Field(default_factory=list)
 
 
@@ -54,6 +67,22 @@ class MemoryProposals(BaseModel):
     model_config = ConfigDict(title=prompt_sections.MEMORY_PROPOSALS_TOOL, extra="ignore")
 
     proposals: list[ProposedMemory] = Field(default_factory=list)
+
+    @field_validator("proposals", mode="wrap")
+    @classmethod
+    def _each_on_its_own(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        """Drops a proposal that does not fit its schema (an importance of 1.5, a content
+        over 4,000 characters), keeping the others: one bad field failed the whole answer,
+        and the turn proposed nothing (review). The schema the model sees is unchanged."""
+        if not isinstance(value, list):
+            return handler(value)
+        kept = []
+        for item in value:
+            try:
+                kept.append(ProposedMemory.model_validate(item))
+            except ValidationError:
+                continue
+        return kept
 
 
 MAX_PROPOSALS = 32
