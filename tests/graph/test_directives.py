@@ -164,6 +164,15 @@ _EVERYONE_IN_CHAT = ("mei", "kai", "bo")
         ("你好@allison", DirectiveKind.OPEN, ()),
         ("the @all-hands meeting", DirectiveKind.OPEN, ()),
         ("明天@all-hands开会", DirectiveKind.OPEN, ()),
+        # Nor one whose name goes on as a domain: an address with a Chinese local part
+        # (review: "mei" was mentioned). A dot that ends the sentence ends the name.
+        ("写信到张三@mei.kr", DirectiveKind.OPEN, ()),
+        ("write to 张三@mei.kr", DirectiveKind.OPEN, ()),
+        ("写信到张三@Mei.kr.", DirectiveKind.OPEN, ()),
+        ("谢谢@Mei.", DirectiveKind.MENTION, ("mei",)),
+        ("thanks @Mei.", DirectiveKind.MENTION, ("mei",)),
+        ("@Mei.你怎么看", DirectiveKind.MENTION, ("mei",)),
+        ("@Mei. What do you think", DirectiveKind.MENTION, ("mei",)),
     ],
 )
 def test_an_at_right_after_chinese_text_is_a_mention(text, kind, members) -> None:

@@ -161,10 +161,17 @@ class _Name:
 
         "@Lin" is not "@Lindsey", and "@a" is no "@anyone"; but "@Lin的看法", "@张三你好" and
         "@u123你好" are mentions: CJK text runs on after a name or an id without a space.
+        Neither is "@mei.kr" in "张三@mei.kr", an e-mail address; "@Mei." ends a sentence.
         """
         if end >= len(text):
             return True
         following = text[end]
+        if (
+            following == "."
+            and text[end + 1 : end + 2].isascii()
+            and text[end + 1 : end + 2].isalnum()
+        ):
+            return False  # a domain goes on ("张三@mei.kr"): an e-mail address, not "@mei"
         if self.is_id:
             # Ids are ASCII ([A-Za-z0-9._:-]): a CJK character can never go on one.
             return is_cjk(following) or not (following.isalnum() or following in "-_")
