@@ -27,6 +27,7 @@ from support.approvals import (
     WEATHER_SCHEMA,
     Reader,
     group_tool_request,
+    one_waits_while_others_answer,
     reason_of,
     resolve,
     sent_key,
@@ -35,6 +36,7 @@ from support.approvals import (
 )
 from support.builders import finals, kinds, of_kind
 from support.mcp_server import McpServerProcess
+from support.stores import query
 
 
 async def test_a_read_only_tool_runs_without_approval_and_the_reply_quotes_it(
@@ -216,6 +218,39 @@ async def test_cancel_while_waiting_ends_the_run_and_the_call_never_runs(
     assert "cancelled" in (late.value.details() or "")
     run = (await stub.GetRun(pb.GetRunRequest(run_id="c1", tenant="tenant-1"))).run
     assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
+
+
+async def test_an_immediate_cancel_denies_a_call_waiting_in_a_parallel_group(
+    stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess, store_url: str
+) -> None:
+    # Outside testing: the immediate cancel ended the speakers before their tool loop
+    # could deny the call; GetRun listed it as waiting on the cancelled run, the same
+    # StartRun then waited on it, and a later approval ran the tool.
+    request = one_waits_while_others_answer(mcp, "c-imm")
+    reader = Reader(stub.StartRun(request))
+    asked = (await reader.until("permission_required")).permission_required
+    await stub.CancelRun(
+        pb.CancelRunRequest(run_id="c-imm", tenant="tenant-1", mode=pb.CANCEL_MODE_IMMEDIATE)
+    )
+    events = await reader.end()
+    assert kinds(events)[-1] == "run_cancelled"
+    assert not finals(events), "Kai and Lin were still answering"
+    run = (await stub.GetRun(pb.GetRunRequest(run_id="c-imm", tenant="tenant-1"))).run
+    assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
+    assert query(store_url, "SELECT verdict FROM rt_tool_calls WHERE run_id = 'c-imm'") == [
+        ("cancelled",)
+    ]
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await stub.ResolvePermission(resolve("c-imm", asked.permission_request_id, APPROVE))
+    assert "cancelled" in (late.value.details() or "")
+    # The same StartRun resumes it: Mei hears the call was denied, and all three answer.
+    again = Reader(stub.StartRun(request))
+    resumed = await again.end()
+    assert kinds(resumed)[-1] == "run_completed"
+    assert sorted(f.member_id for f in finals(resumed)) == ["kai", "lin", "mei"]
+    (mei,) = [f for f in finals(resumed) if f.member_id == "mei"]
+    assert [t.outcome for t in mei.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
+    assert mcp.counts("note") == {}
 
 
 async def test_unknown_requests_and_other_tenants_runs_are_not_found(

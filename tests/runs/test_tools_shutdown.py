@@ -18,7 +18,14 @@ from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
-from support.approvals import APPROVE, Reader, resolve, sent_key, tool_request
+from support.approvals import (
+    APPROVE,
+    Reader,
+    one_waits_while_others_answer,
+    resolve,
+    sent_key,
+    tool_request,
+)
 from support.builders import collect, finals, kinds
 from support.mcp_server import McpServerProcess
 from support.stores import query
@@ -163,4 +170,37 @@ async def test_a_cancel_during_the_drain_still_denies_the_call(
     (final,) = finals(reader.events)
     assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
     assert verdicts(store_url, "drain-cancel") == [("cancelled",)]
+    assert mcp.counts("note") == {}
+
+
+async def test_a_cancel_during_the_drain_ends_a_parallel_group_waiting_for_a_person(
+    start_server: ServerFactory, store_url: str, mcp: McpServerProcess
+) -> None:
+    # Outside testing: Mei's call waited while Kai and Lin answered; the drain began, then
+    # a cancel. The call was denied, but the run parked (its stream ended UNAVAILABLE,
+    # with no end) and the next server completed the run its user had cancelled.
+    request = one_waits_while_others_answer(mcp, "drain-group")
+    cancel = pb.CancelRunRequest(run_id="drain-group", tenant="tenant-1")
+    async with draining_with_a_stream_open(start_server, request, "permission_required") as (
+        reader,
+        stub,
+    ):
+
+        async def cancel_in_the_grace() -> None:
+            await asyncio.sleep(0.2)  # the drain has begun; Kai and Lin still answer
+            await stub.CancelRun(cancel)
+
+        cancelled = asyncio.ensure_future(cancel_in_the_grace())
+    await cancelled
+    assert reader.task.exception() is None, "the stream ends with the run's end"
+    assert kinds(reader.events)[-1] == "run_cancelled"
+    assert sorted(f.member_id for f in finals(reader.events)) == ["kai", "lin"]
+    assert verdicts(store_url, "drain-group") == [("cancelled",)]
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        run = (await stub.GetRun(pb.GetRunRequest(run_id="drain-group", tenant="tenant-1"))).run
+    assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
     assert mcp.counts("note") == {}

@@ -81,6 +81,17 @@ def group_tool_request(
     return request
 
 
+def one_waits_while_others_answer(mcp: McpServerProcess, run_id: str) -> pb.StartRunRequest:
+    """A parallel `group_tool_request` in which only Mei may use tools: her `note` call
+    waits for a person while Kai and Lin (no tools, a slow model) still answer."""
+    request = group_tool_request("@all use note for buy milk", mcp, run_id, parallel=True)
+    slow = spb.ModelTarget(provider="offline", model="slow", base_url="offline:?token_delay_ms=60")
+    for other in request.snapshot.members[1:]:
+        del other.tool_names[:]
+        other.model.target.CopyFrom(slow)
+    return request
+
+
 class Reader:
     """A StartRun stream read event by event in the background."""
 

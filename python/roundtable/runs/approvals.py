@@ -169,6 +169,20 @@ async def _decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[st
     return False
 
 
+async def deny_waiting(store: RunStore, live: LiveRun) -> None:
+    """Records the calls of a run that ends cancelled, still waiting for a person, as
+    denied (`cancelled`), as every cancel does. An immediate cancel ends speakers before
+    their tool loop can (outside testing: a parallel speaker's request stayed open, a
+    resume waited on it, and a later approval ran the tool). A store error is logged: the
+    run still ends, and its calls wait for a decision no run acts on."""
+    if not live.progress.permissions:
+        return
+    try:
+        await cancel_waiting(store, *live.key)
+    except Exception as exc:
+        log.warning("run %s: waiting calls not denied (%s)", live.key[1], type(exc).__name__)
+
+
 async def cancel_waiting(store: RunStore, tenant: str, run_id: str) -> None:
     """Records every waiting call of a run being stopped as denied (`cancelled`)."""
     calls = await store.tool_calls(tenant, run_id)

@@ -40,7 +40,7 @@ from roundtable.graph.context import (
 )
 from roundtable.graph.directives import Directive
 from roundtable.harness.chain import Harness
-from roundtable.runs.approvals import decided_meanwhile
+from roundtable.runs.approvals import decided_meanwhile, deny_waiting
 from roundtable.runs.continuation import claim_continuation, continued_words
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.identity import span_context
@@ -175,16 +175,25 @@ class Executor:
             status = RunStatus.SUCCEEDED
             await sink.end(completed_event(state, live.progress), status)
         except Parked as parked:
-            # Waiting for a person: no terminal event (the execution goes on once a decision
-            # is recorded); the checkpoint is written and nothing of the graph stays.
-            status = RunStatus.AWAITING_APPROVAL
-            wake_at = parked.expires_at
             # LangGraph keeps the exception in its task's writes: with its traceback it
             # holds the whole torn-down graph run in a cycle until a full collection
             # (measured: 18.9 -> 12.0 KB of RSS per waiting run, bench B8).
             traceback.clear_frames(parked.__traceback__)
             parked.with_traceback(None)
-            waiting = parked.call_keys
+            if live.stop.denies:
+                # Cancelled while its speakers waited for a person (the others of a
+                # parallel group answering): their calls are denied and the run ends here,
+                # as a parked run's cancel ends it. Outside testing: parked during a
+                # drain, the next server completed a run its user had cancelled.
+                status = RunStatus.CANCELLED
+                await deny_waiting(self.log.store, live)
+                await sink.end(cancelled_event(live.stop.reason, live.progress), status)
+            else:
+                # Waiting for a person: no terminal event (the execution goes on once a
+                # decision is recorded); the checkpoint is written, nothing of the graph stays.
+                status = RunStatus.AWAITING_APPROVAL
+                wake_at = parked.expires_at
+                waiting = parked.call_keys
         except Drained as stop:
             # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
             # same StartRun comes again, on this server or the next.
@@ -202,6 +211,7 @@ class Executor:
                 raise
             status = RunStatus.CANCELLED
             reason = live.stop.reason or "cancel_requested"
+            await deny_waiting(self.log.store, live)
             await sink.end(cancelled_event(reason, live.progress), status)
         except LeaseLost:
             raise  # nothing more may be written: not even run_failed
