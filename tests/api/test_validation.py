@@ -74,6 +74,29 @@ def _missing_credential() -> pb.StartRunRequest:
     )
 
 
+def _credentials_no_header_can_carry() -> pb.StartRunRequest:
+    # Outside testing: a key with a newline failed at the model server's door as if the
+    # server were down, and opened the breaker that server's every tenant shares.
+    request = start_request(
+        "hello",
+        members=[
+            member("a", "Alice", model=model_ref("openai", "gpt", credential_ref="nl")),
+            member("b", "Bob", model=model_ref("openai", "gpt", credential_ref="wide")),
+            member("c", "Cai", model=model_ref("openai", "gpt", credential_ref="fine")),
+        ],
+        credentials={
+            "nl": "sk-secret-value\nx",
+            "wide": "sk-secret-value密钥",
+            "tab": "sk-secret-value\tx",
+            "fine": "sk-secret value",
+            "unused": "-----BEGIN KEY-----\nsk-secret-value\n-----END KEY-----",
+        },
+    )
+    session = request.snapshot.session
+    session.tool_servers.add(server_id="local", url="http://127.0.0.1:1/mcp", credential_ref="tab")
+    return request
+
+
 def _unspecified_kind() -> pb.StartRunRequest:
     return start_request("hello", kind=spb.SESSION_KIND_UNSPECIFIED)
 
@@ -128,6 +151,15 @@ CASES: list[tuple[str, Callable[[], pb.StartRunRequest], dict[str, str]]] = [
         "credential_ref not in credentials",
         _missing_credential,
         {"snapshot.members[1].model.target.credential_ref": "names no entry of credentials"},
+    ),
+    (
+        "credentials no HTTP header can carry",
+        _credentials_no_header_can_carry,
+        {
+            f"snapshot.members[{i}].model.target.credential_ref": "an HTTP header cannot carry"
+            for i in (0, 1)
+        }
+        | {"snapshot.session.tool_servers[0].credential_ref": "an HTTP header cannot carry"},
     ),
     ("unspecified session kind", _unspecified_kind, {"snapshot.session.kind": "SINGLE or GROUP"}),
     (

@@ -287,6 +287,19 @@ async def test_an_unreachable_server_is_unavailable() -> None:
     assert caught.value.detail == "connection refused (ECONNREFUSED)"
 
 
+async def test_a_key_no_header_can_carry_is_our_requests_fault_not_the_servers(
+    server: OpenAITestServer,
+) -> None:
+    # Outside testing: it was ModelUnavailable, retried and counted by the breaker the
+    # server's every tenant shares (the edge now refuses such a key first).
+    provider = build_openai_provider(default_timeout_s=5.0)
+    with pytest.raises(ModelRejected) as caught:
+        await provider.complete(_target(server), _call(), api_key="sk-bad\nkey", on_text=None)
+    assert caught.value.detail == "the request could not be sent"
+    assert "sk-bad" not in str(caught.value)
+    assert server.requests == []
+
+
 async def test_a_connection_dropped_mid_answer_says_so(server: OpenAITestServer) -> None:
     server.script(Reply(chunks=["The ", "capital "], reset_after=2))
     with pytest.raises(ModelUnavailable) as caught:

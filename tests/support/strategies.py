@@ -244,6 +244,8 @@ class _Gen:
         self.rng = random.Random(draw(_SEED))
         self.expected: set[str] = set()
         self.tags: set[str] = set()
+        self.unsendable: list[str] = []
+        """Credential refs whose value no HTTP header can carry: naming one is a fault."""
 
     # -- faults -----------------------------------------------------------------------
 
@@ -401,8 +403,12 @@ def _target(g: _Gen, path: str, cred_keys: list[str], *, role: str) -> spb.Model
         target.model = f"{kind}-{role}"
         target.base_url = models.echo_url if kind == "echo" else models.dead_url
     g.tags.add(f"model:{kind}")
-    if cred_keys and g.coin():
-        target.credential_ref = g.pick(*cred_keys)
+    sendable = [k for k in cred_keys if k not in g.unsendable]
+    if sendable and g.coin():
+        target.credential_ref = g.pick(*sendable)
+    if g.unsendable and g.fault(0.5):
+        target.credential_ref = g.pick(*g.unsendable)
+        g.bad(f"{path}.credential_ref", "unsendable-credential")
     # Faults, each on its own field.
     if g.fault():
         value = g.pick("", "OpenAI", "offline ", "anthropic", "🤖", "open\x00ai", "\u202eopenai")
@@ -495,10 +501,16 @@ def _context(g: _Gen) -> spb.RunContext | None:
     return context
 
 
+def _header_can_carry(value: str) -> bool:
+    """What the edge lets a referenced credential hold: visible ASCII, inner spaces."""
+    return value.isascii() and value.isprintable() and value == value.strip()
+
+
 def _credentials(g: _Gen) -> dict[str, str]:
     keys = {g.pick("k", "openai", "vault:a", "", "key with spaces", "🔑", "报") for _ in range(3)}
     keys |= {g.hostile(2) for _ in range(g.small(1))}
-    # A value may end in something an HTTP header cannot carry (CR LF, NUL, non-ASCII).
+    # A value may end in something an HTTP header cannot carry (CR LF, NUL, non-ASCII):
+    # fine where nothing names it, a fault where a target does (`_target`).
     tails = ("", "", "", "\r\nX-Injected: 1", "é", "\x00", " ")
     credentials = {key: CANARY_SLOT + g.pick(*tails) for key in sorted(keys)}
     limit = LIMITS.max_credential_bytes
@@ -843,6 +855,7 @@ def start_run_cases(draw: st.DrawFn, profile: Profile = Profile()) -> Case:
     with g.zone():
         request.credentials.update(_credentials(g))
     cred_keys = [k for k in request.credentials if k and len(k) <= 64]
+    g.unsendable = [k for k in cred_keys if not _header_can_carry(request.credentials[k])]
     ref_name = cred_keys[0] if cred_keys else "k"
     with g.zone():
         missing = g.fault(0.1)

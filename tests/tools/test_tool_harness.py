@@ -300,3 +300,17 @@ async def test_a_rate_limit_is_not_the_servers_health_and_opens_no_breaker(
     result = await harness.call(tool_request(call_ref(mcp, "note", "r/2", text="y")))
     assert not result.is_error
     assert mcp.counts("note")["r/2"] == 1, "the call reached the server"
+
+
+async def test_a_token_no_header_can_carry_is_our_requests_fault_and_opens_no_breaker(
+    mcp: McpServerProcess, harness: ToolHarness
+) -> None:
+    # Outside testing: it was TOOL_UNAVAILABLE, counted by the server's breaker, which
+    # then refused every tenant's calls (the edge now refuses such a token first).
+    note = call_ref(mcp, "note", "r/1", text="x")
+    for _ in range(POLICY.breaker.failure_threshold + 1):
+        with pytest.raises(ToolRejected) as caught:
+            await harness.call(tool_request(note, token="tok\nen"))
+        assert "tok" not in str(caught.value)
+    result = await harness.call(tool_request(call_ref(mcp, "note", "r/2", text="y")))
+    assert not result.is_error and mcp.counts("note") == {"r/2": 1}

@@ -41,8 +41,7 @@ def validate_tools(
             c.add(f"{path}.server_id", f"duplicates server id {server.server_id!r}")
         servers.add(server.server_id)
         _url(c, f"{path}.url", server.url)
-        if server.credential_ref and server.credential_ref not in credentials:
-            c.add(f"{path}.credential_ref", "names no entry of credentials")
+        c.credential(f"{path}.credential_ref", server.credential_ref, credentials)
     names: set[str] = set()
     c.count("snapshot.session.tools", len(session.tools), limits.max_tools)
     for i, tool in enumerate(session.tools):

@@ -33,6 +33,11 @@ def _too_big(text: str, limit: int) -> bool:
     return len(text) * 4 > limit and len(text.encode("utf-8")) > limit
 
 
+def _header_safe(value: str) -> bool:
+    """Whether `value` can go in an HTTP header as it is: visible ASCII, inner spaces."""
+    return value.isascii() and value.isprintable() and value == value.strip()
+
+
 class _Collector:
     """Accumulates violations with the path they were found at."""
 
@@ -51,6 +56,23 @@ class _Collector:
                 self.violations[i] = FieldViolation(path, f"{seen.description}; {description}")
                 return
         self.violations.append(FieldViolation(path, description))
+
+    def credential(self, path: str, ref: str, credentials: Mapping[str, str]) -> None:
+        """A credential ref (none, or an entry whose value an HTTP header can carry)."""
+        if not ref:
+            return
+        value = credentials.get(ref)
+        if value is None:
+            self.add(path, "names no entry of credentials")
+        elif not _header_safe(value):
+            # Never what it holds. Outside testing: a key with a newline failed at the
+            # model server's door as if the server were down, which opened its breaker
+            # for every tenant.
+            self.add(
+                path,
+                "names a credential an HTTP header cannot carry (control or non-ASCII "
+                "characters, or spaces around it)",
+            )
 
     def identifier(self, path: str, value: str, *, required: bool = True) -> None:
         if not value:
@@ -312,8 +334,7 @@ def _target(
         problem = rule(target.base_url) if rule is not None else ""
         if problem:
             c.add(f"{path}.base_url", problem)
-    if target.credential_ref and target.credential_ref not in credentials:
-        c.add(f"{path}.credential_ref", "names no entry of credentials")
+    c.credential(f"{path}.credential_ref", target.credential_ref, credentials)
 
 
 def _budgets(c: _Collector, path: str, budgets: spb.Budgets) -> None:

@@ -84,6 +84,10 @@ def map_openai_error(exc: BaseException) -> ModelError | None:
         # models built here; kept for a model built with it on).
         return ModelTimeout("no stream chunk within the chunk timeout")
     if isinstance(exc, openai.APIConnectionError):
+        if any(type(link).__name__ == "LocalProtocolError" for link in _chain(exc)):
+            # Our own request could not be sent (a header its key cannot be part of): no
+            # sign of the server's health, and no breaker may count it.
+            return ModelRejected("the request could not be sent")
         return ModelUnavailable(connection_cause(exc))
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code

@@ -119,6 +119,10 @@ def tool_error(exc: BaseException) -> ToolError:
         ):
             return ToolRejected(f"JSON-RPC error {code}")
         return ToolError(f"JSON-RPC error {code}")
+    if isinstance(exc, httpx2.LocalProtocolError):
+        # Our own request could not be sent (a token a header cannot carry): not the
+        # server's health, which the breaker shared by every tenant counts.
+        return ToolRejected("the request could not be sent")
     if isinstance(exc, httpx2.TransportError):  # could not connect, reset, timed out
         return ToolUnavailable(f"HTTP {type(exc).__name__}")
     if isinstance(exc, BaseExceptionGroup):

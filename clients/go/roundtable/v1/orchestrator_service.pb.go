@@ -393,7 +393,10 @@ type StartRunRequest struct {
 	// server's token also in its pooled MCP session, closed at most 13 minutes
 	// after its last call) and never reach graph state, checkpoints, the event
 	// log, events, logs or spans.
-	// Not part of the snapshot fingerprint. Keys and values at most 4 KiB.
+	// Not part of the snapshot fingerprint. Keys and values at most 4 KiB. A
+	// value a model target or a tool server names goes out as a bearer token, so
+	// it must be one an HTTP header can carry: visible ASCII, spaces only inside
+	// (else INVALID_ARGUMENT names the credential_ref, never the value).
 	Credentials map[string]string `protobuf:"bytes,3,rep,name=credentials,proto3" json:"credentials,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// How the run streams and behaves. Optional.
 	Options       *RunOptions `protobuf:"bytes,4,opt,name=options,proto3" json:"options,omitempty"`

@@ -46,7 +46,10 @@ export type StartRunRequest = Message<"roundtable.v1.StartRunRequest"> & {
    * server's token also in its pooled MCP session, closed at most 13 minutes
    * after its last call) and never reach graph state, checkpoints, the event
    * log, events, logs or spans.
-   * Not part of the snapshot fingerprint. Keys and values at most 4 KiB.
+   * Not part of the snapshot fingerprint. Keys and values at most 4 KiB. A
+   * value a model target or a tool server names goes out as a bearer token, so
+   * it must be one an HTTP header can carry: visible ASCII, spaces only inside
+   * (else INVALID_ARGUMENT names the credential_ref, never the value).
    *
    * @generated from field: map<string, string> credentials = 3;
    */
