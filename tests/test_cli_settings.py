@@ -283,7 +283,7 @@ def test_help_shows_each_flag_with_its_variable_and_default() -> None:
     text = " ".join(roundtable("serve", "--help").stdout.split())
     assert "--breaker-cooldown-seconds" in text
     assert "(env ROUNDTABLE_BREAKER_COOLDOWN_SECONDS; default 30.0; at least 0)" in text
-    assert "(env ROUNDTABLE_DEFAULT_MAX_SPEAKERS; default 8; at least 1)" in text
+    assert "(env ROUNDTABLE_DEFAULT_MAX_SPEAKERS; default 8; at least 1; at most 64)" in text
 
 
 @pytest.mark.parametrize(
@@ -298,6 +298,19 @@ def test_help_shows_each_flag_with_its_variable_and_default() -> None:
         ([], {"ROUNDTABLE_LOG_LEVEL": "debugx"}, "--log-level: expected DEBUG, INFO, WARNING"),
         (["--lease-seconds", "nan"], {}, "--lease-seconds: not a valid float: 'nan'"),
         ([], {"ROUNDTABLE_DEFAULT_RUN_TIMEOUT_SECONDS": "inf"}, "not a valid float: 'inf'"),
+        # A default budget past what a request may ask for (outside testing: 2**32 output
+        # tokens started a server whose every run failed INTERNAL, retryable).
+        (
+            ["--default-max-output-tokens", "4294967296"],
+            {},
+            "--default-max-output-tokens: must be at most 32768, got '4294967296'",
+        ),
+        (["--default-max-speakers", "65"], {}, "--default-max-speakers: must be at most 64"),
+        (["--default-max-rounds", "9"], {}, "--default-max-rounds: must be at most 8"),
+        (["--default-max-parallel-speakers", "17"], {}, "must be at most 16"),
+        (["--default-run-timeout-seconds", "3601"], {}, "must be at most 3600"),
+        (["--default-max-tool-calls-per-speaker", "33"], {}, "must be at most 32"),
+        (["--default-approval-timeout-seconds", "2592001"], {}, "must be at most 2592000"),
     ],
 )
 def test_a_value_no_server_could_run_with_is_refused_at_start(
@@ -312,6 +325,8 @@ def test_a_value_no_server_could_run_with_is_refused_at_start(
     assert (
         load_settings(["--max-runs", "1", "--model-max-retries", "0"], {}).run_limits.max_runs == 1
     )
+    most = load_settings(["--default-max-output-tokens", "32768"], {})
+    assert most.budgets.max_output_tokens == 32768
 
 
 def test_a_setting_that_does_not_exist_is_refused() -> None:

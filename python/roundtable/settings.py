@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from roundtable.api.limits import RequestLimits
-from roundtable.domain.flags import FLAG, HELP, MINIMUM, flag
+from roundtable.domain.flags import FLAG, HELP, MAXIMUM, MINIMUM, flag
 from roundtable.domain.limits import RunLimits
 from roundtable.domain.snapshot import Budgets, server_of
 from roundtable.harness.policies import HarnessPolicy
@@ -209,6 +209,8 @@ class Knob:
     meaning: str
     minimum: float | None = None
     """A number's least accepted value (None: any)."""
+    maximum: float | None = None
+    """A number's greatest accepted value (None: any)."""
 
     @property
     def name(self) -> str:
@@ -224,7 +226,8 @@ class Knob:
     def help(self) -> str:
         """What `--help` shows: the meaning, the variable, the default and the least value."""
         least = "" if self.minimum is None else f"; at least {self.minimum:g}"
-        return f"{self.meaning} (env {self.env}; default {self.default!r}{least})".strip()
+        most = "" if self.maximum is None else f"; at most {_number(self.maximum)}"
+        return f"{self.meaning} (env {self.env}; default {self.default!r}{least}{most})".strip()
 
     def parse(self, raw: str) -> object:
         """The value of a flag's or variable's text, of the default's type.
@@ -250,6 +253,11 @@ class Knob:
         return raw
 
 
+def _number(value: float) -> str:
+    """A bound as --help and errors say it: 2592000, not 2.592e+06."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def knobs() -> tuple[Knob, ...]:
     """Every knob, in Settings' field order (a policy's fields in the policy's order)."""
     return tuple(_walk(Settings(), ()))
@@ -266,6 +274,7 @@ def _walk(value: Any, path: tuple[str, ...]) -> Iterator[Knob]:
                 default,
                 f.metadata.get(HELP, ""),
                 f.metadata.get(MINIMUM),
+                f.metadata.get(MAXIMUM),
             )
         elif dataclasses.is_dataclass(default):
             yield from _walk(default, (*path, f.name))
@@ -298,6 +307,8 @@ def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None
                 parser.error(f"--{knob.flag}: not a valid {type(knob.default).__name__}: {raw!r}")
             if knob.minimum is not None and value < knob.minimum:  # type: ignore[operator]
                 parser.error(f"--{knob.flag}: must be at least {knob.minimum:g}, got {raw!r}")
+            if knob.maximum is not None and value > knob.maximum:  # type: ignore[operator]
+                parser.error(f"--{knob.flag}: must be at most {_number(knob.maximum)}, got {raw!r}")
             values[knob.name] = value
     settings = Settings().with_values(**values)
     if settings.log_level.upper() not in logging.getLevelNamesMapping():

@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from roundtable.domain.flags import flag
+from roundtable.domain.snapshot import (
+    MAX_APPROVAL_TIMEOUT_S,
+    MAX_OUTPUT_TOKENS,
+    MAX_PARALLEL_SPEAKERS,
+    MAX_ROUNDS,
+    MAX_RUN_TIMEOUT_S,
+    MAX_SPEAKERS,
+    MAX_TOOL_CALLS_PER_SPEAKER,
+)
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -46,11 +55,11 @@ class RequestLimits:
     max_model_timeout_ms: int = 600_000
     max_credential_bytes: int = 4 * KIB
     max_id_chars: int = 128
-    max_speakers: int = 64
-    max_rounds: int = 8
-    max_output_tokens: int = 32_768
-    max_run_timeout_s: int = 3_600
-    max_parallel_speakers: int = 16
+    max_speakers: int = MAX_SPEAKERS
+    max_rounds: int = MAX_ROUNDS
+    max_output_tokens: int = MAX_OUTPUT_TOKENS
+    max_run_timeout_s: int = MAX_RUN_TIMEOUT_S
+    max_parallel_speakers: int = MAX_PARALLEL_SPEAKERS
     max_delta_window_ms: int = 1_000
     max_delta_bytes: int = 64 * KIB
     max_tool_servers: int = 16
@@ -60,9 +69,8 @@ class RequestLimits:
     max_tool_schema_bytes: int = 16 * KIB
     max_tool_timeout_ms: int = 600_000
     max_tool_url_chars: int = 2_048
-    max_tool_calls_per_speaker: int = 32
-    max_approval_timeout_s: int = 2_592_000
-    """30 days."""
+    max_tool_calls_per_speaker: int = MAX_TOOL_CALLS_PER_SPEAKER
+    max_approval_timeout_s: int = MAX_APPROVAL_TIMEOUT_S
     max_tool_arguments_bytes: int = 64 * KIB
     """Edited arguments of a ResolvePermission (and the model's, as permission_required
     carries them)."""

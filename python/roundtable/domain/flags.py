@@ -17,9 +17,13 @@ HELP = "help"
 """The metadata key of the flag's meaning, as `--help` shows it."""
 MINIMUM = "minimum"
 """The metadata key of a number's least accepted value."""
+MAXIMUM = "maximum"
+"""The metadata key of a number's greatest accepted value."""
 
 
-def flag(name: str, meaning: str, *, minimum: float | None = None) -> Mapping[str, object]:
+def flag(
+    name: str, meaning: str, *, minimum: float | None = None, maximum: float | None = None
+) -> Mapping[str, object]:
     """Field metadata: the field is set by `--<name>` and `ROUNDTABLE_<NAME>`.
 
     Args:
@@ -27,8 +31,12 @@ def flag(name: str, meaning: str, *, minimum: float | None = None) -> Mapping[st
         meaning: What the flag does, in an operator's words (shown by `--help`).
         minimum: A number's least accepted value: `roundtable serve` refuses to start with
             less (a server that would refuse every run, or never time out, is a typo).
+        maximum: A number's greatest accepted value, where the contract bounds the field
+            (a default budget past what a request may ask for).
     """
     metadata: dict[str, object] = {FLAG: name, HELP: meaning}
     if minimum is not None:
         metadata[MINIMUM] = minimum
+    if maximum is not None:
+        metadata[MAXIMUM] = maximum
     return MappingProxyType(metadata)

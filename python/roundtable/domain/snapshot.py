@@ -150,6 +150,18 @@ OFFLINE_MODEL = ModelRef(target=ModelTarget(provider="offline", model="roundtabl
 """The built-in model used when a snapshot names none."""
 
 
+# What a request may ask of a turn's budgets (the proto's "at most" of each Budgets field);
+# a server's defaults stay within them too.
+MAX_SPEAKERS = 64
+MAX_ROUNDS = 8
+MAX_OUTPUT_TOKENS = 32_768
+MAX_RUN_TIMEOUT_S = 3_600
+MAX_PARALLEL_SPEAKERS = 16
+MAX_TOOL_CALLS_PER_SPEAKER = 32
+MAX_APPROVAL_TIMEOUT_S = 2_592_000
+"""30 days."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Budgets:
     """Limits on one turn (already merged with the server defaults).
@@ -161,7 +173,10 @@ class Budgets:
     max_speakers: int = field(
         default=8,
         metadata=flag(
-            "default-max-speakers", "Speakers per turn when the session sets no budget.", minimum=1
+            "default-max-speakers",
+            "Speakers per turn when the session sets no budget.",
+            minimum=1,
+            maximum=MAX_SPEAKERS,
         ),
     )
     max_rounds: int = field(
@@ -170,6 +185,7 @@ class Budgets:
             "default-max-rounds",
             "Supervisor rounds per turn when the session sets no budget.",
             minimum=1,
+            maximum=MAX_ROUNDS,
         ),
     )
     max_output_tokens: int = field(
@@ -178,6 +194,7 @@ class Budgets:
             "default-max-output-tokens",
             "Output tokens per speaker when the session sets no budget.",
             minimum=1,
+            maximum=MAX_OUTPUT_TOKENS,
         ),
     )
     run_timeout_s: float = field(
@@ -186,6 +203,7 @@ class Budgets:
             "default-run-timeout-seconds",
             "Wall-clock limit of a run when the session sets none.",
             minimum=1,
+            maximum=MAX_RUN_TIMEOUT_S,
         ),
     )
     max_parallel_speakers: int = field(
@@ -194,6 +212,7 @@ class Budgets:
             "default-max-parallel-speakers",
             "Speakers answering at once in a PARALLEL session when the session sets no budget.",
             minimum=1,
+            maximum=MAX_PARALLEL_SPEAKERS,
         ),
     )
     """Speakers answering at once in a PARALLEL session."""
@@ -203,6 +222,7 @@ class Budgets:
             "default-max-tool-calls-per-speaker",
             "Tool calls one speaker may make in a reply when the session sets no budget.",
             minimum=0,
+            maximum=MAX_TOOL_CALLS_PER_SPEAKER,
         ),
     )
     approval_timeout_s: float = field(
@@ -211,6 +231,7 @@ class Budgets:
             "default-approval-timeout-seconds",
             "How long a permission request waits for a decision when the session sets none.",
             minimum=1,
+            maximum=MAX_APPROVAL_TIMEOUT_S,
         ),
     )
     """Past it, a waiting tool call counts as denied with the reason `expired`."""
