@@ -359,15 +359,17 @@ async def send_turn(
     approver: Approver | None = None,
 ) -> int:
     """Streams one StartRun and renders it, answering permission requests with `approver`;
-    returns the exit code."""
+    returns the exit code: 1 when the call or the run failed, else 0."""
     security = security or ClientSecurity()
     render = ChatRenderer(names, out)
     context = request.context
+    failed = False
     async with security.channel(target) as channel:
         stub = pb_grpc.OrchestratorServiceStub(channel)
         try:
             async for response in stub.StartRun(request, metadata=security.metadata()):
                 render(response.event)
+                failed = response.event.HasField("run_failed")
                 if response.event.HasField("permission_required") and approver is not None:
                     # The stream stays open while the run waits; the decision goes on the
                     # side, and the run's next events come down this same stream.
@@ -386,4 +388,6 @@ async def send_turn(
         except grpc.aio.AioRpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
-    return 0
+    # A failed run is a failed command (a script must not take the turn for done); a
+    # cancelled one ended as someone asked, and a speaker that failed alone is in its run.
+    return 1 if failed else 0

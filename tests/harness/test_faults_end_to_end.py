@@ -263,6 +263,19 @@ async def test_roundtable_chat_prints_why_a_speaker_failed(server) -> None:
     assert "connection refused (ECONNREFUSED)" in out.getvalue()
 
 
+async def test_roundtable_chat_exits_1_when_the_run_fails(server) -> None:
+    # Outside testing: it printed the failure and exited 0, so a script took the turn for
+    # done. A speaker that fails alone is not the run failing (the test above: exit 0).
+    slow = spb.ModelRef(
+        target=spb.ModelTarget(provider="offline", model="m", base_url="offline:?latency_ms=3000")
+    )
+    request = single("hi", slow, "why-4")
+    request.snapshot.session.budgets.run_timeout_seconds = 1
+    out = io.StringIO()
+    assert await send_turn(server.address, request, {"a": "Alice"}, out) == 1
+    assert "── failed: RUN_DEADLINE_EXCEEDED" in out.getvalue()
+
+
 @pytest.mark.parametrize("reports_usage", [False, True])
 async def test_output_tokens_are_counted_when_the_server_reports_none(
     stub, caplog, reports_usage: bool
