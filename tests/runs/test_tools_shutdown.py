@@ -81,6 +81,23 @@ async def approve_on_a_new_server(
     assert mcp.counts("note") == {sent_key(run_id, asked.permission_request_id): 1}
 
 
+async def cancelled_in_the_drain(
+    start_server: ServerFactory, request: pb.StartRunRequest, until: str
+) -> Reader:
+    """`request`'s stream once it ended: its server drains once the stream brought `until`,
+    and the run is cancelled 0.2 s into the drain's grace (its speakers still answer)."""
+    cancel = pb.CancelRunRequest(run_id=request.context.run_id, tenant="tenant-1")
+    async with draining_with_a_stream_open(start_server, request, until) as (reader, stub):
+
+        async def cancel_in_the_grace() -> None:
+            await asyncio.sleep(0.2)
+            await stub.CancelRun(cancel)
+
+        cancelled = asyncio.ensure_future(cancel_in_the_grace())
+    await cancelled
+    return reader
+
+
 def assert_told_to_resend(reader: Reader) -> None:
     """The drain ended the stream telling the client to send the same StartRun again."""
     error = reader.task.exception()
@@ -154,18 +171,7 @@ async def test_a_cancel_during_the_drain_still_denies_the_call(
     # during the drain's grace was dropped, the call the model asked for then waited, and
     # the next server asked the person about a run its user had cancelled.
     request = slow_tool_request(mcp, "drain-cancel")
-    cancel = pb.CancelRunRequest(run_id="drain-cancel", tenant="tenant-1")
-    async with draining_with_a_stream_open(start_server, request, "speaker_started") as (
-        reader,
-        stub,
-    ):
-
-        async def cancel_in_the_grace() -> None:
-            await asyncio.sleep(0.2)  # the drain has begun; the model still answers
-            await stub.CancelRun(cancel)
-
-        cancelled = asyncio.ensure_future(cancel_in_the_grace())
-    await cancelled
+    reader = await cancelled_in_the_drain(start_server, request, "speaker_started")
     # A graceful cancel: the one speaker answers, told the call was denied.
     (final,) = finals(reader.events)
     assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
@@ -180,18 +186,7 @@ async def test_a_cancel_during_the_drain_ends_a_parallel_group_waiting_for_a_per
     # a cancel. The call was denied, but the run parked (its stream ended UNAVAILABLE,
     # with no end) and the next server completed the run its user had cancelled.
     request = one_waits_while_others_answer(mcp, "drain-group")
-    cancel = pb.CancelRunRequest(run_id="drain-group", tenant="tenant-1")
-    async with draining_with_a_stream_open(start_server, request, "permission_required") as (
-        reader,
-        stub,
-    ):
-
-        async def cancel_in_the_grace() -> None:
-            await asyncio.sleep(0.2)  # the drain has begun; Kai and Lin still answer
-            await stub.CancelRun(cancel)
-
-        cancelled = asyncio.ensure_future(cancel_in_the_grace())
-    await cancelled
+    reader = await cancelled_in_the_drain(start_server, request, "permission_required")
     assert reader.task.exception() is None, "the stream ends with the run's end"
     assert kinds(reader.events)[-1] == "run_cancelled"
     assert sorted(f.member_id for f in finals(reader.events)) == ["kai", "lin"]
