@@ -426,9 +426,10 @@ async def test_a_decision_in_a_parallel_group_starts_only_its_own_speaker_again(
     assert len(reads) == 4
     run = await waiting_run(stub, "pg1")
     assert len(run.pending_permissions) == 2
-    # The decided speaker goes on with the attempt it began (review: it said
-    # speaker_started again, as attempt 1); the others wait, saying nothing.
-    assert of_kind(reader.events[seen:], "speaker_started") == []
+    # The decided speaker starts again as attempt 2 (review: it said attempt 1 again, as if
+    # it had never begun); the others wait, saying nothing.
+    started = [e.speaker_started for e in of_kind(reader.events[seen:], "speaker_started")]
+    assert [(s.reply_id, s.attempt) for s in started] == [(first.reply_id, 2)]
     assert any(
         f.assistant_final.reply_id == first.reply_id
         for f in of_kind(reader.events[seen:], "assistant_final")
@@ -495,3 +496,41 @@ async def test_a_stream_attached_as_the_run_parks_gets_every_event(
     events = await first.end()
     assert kinds(events)[-1] == "run_completed"
     assert [e.seq for e in await second.end()] == [e.seq for e in events]
+
+
+async def test_a_cancel_as_a_decided_group_goes_on_denies_the_calls_left(
+    server: RunningServer,
+    stub: pb_grpc.OrchestratorServiceStub,
+    mcp: McpServerProcess,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Review: a graceful cancel landing as the run went on from Mei's decision, before its
+    # first speaker boundary, ended it without denying Kai's and Lin's calls: GetRun still
+    # listed them, and the same StartRun waited on them again.
+    request = group_tool_request("@all use note for buy milk", mcp, "pgc", parallel=True)
+    reader = Reader(stub.StartRun(request))
+    await reader.until("permission_required", nth=3)
+    await waiting_run(stub, "pgc")
+    first = of_kind(reader.events, "permission_required")[0].permission_required
+    real = server.store.resume_parked
+
+    async def resume_then_cancel(*args: object, **kwargs: object) -> bool:
+        resumed = await real(*args, **kwargs)
+        await server.manager.cancel("tenant-1", "pgc", immediate=False, reason="")
+        return resumed
+
+    monkeypatch.setattr(server.store, "resume_parked", resume_then_cancel)
+    await stub.ResolvePermission(resolve("pgc", first.permission_request_id, APPROVE))
+    assert kinds(await reader.end())[-1] == "run_cancelled"
+    run = (await stub.GetRun(pb.GetRunRequest(run_id="pgc", tenant="tenant-1"))).run
+    assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
+    monkeypatch.setattr(server.store, "resume_parked", real)
+    events = await Reader(stub.StartRun(request)).end(wait_s=10)
+    assert kinds(events)[-1] == "run_completed"
+    outcomes = {f.member_id: [t.outcome for t in f.tool_calls] for f in finals(events)}
+    assert outcomes == {
+        "mei": [epb.TOOL_CALL_OUTCOME_OK],
+        "kai": [epb.TOOL_CALL_OUTCOME_DENIED],
+        "lin": [epb.TOOL_CALL_OUTCOME_DENIED],
+    }
+    assert mcp.counts("note") == {sent_key("pgc", first.permission_request_id): 1}

@@ -459,3 +459,47 @@ async def test_a_run_waiting_for_a_place_is_not_woken_by_the_watch_for_its_own_d
         events = await reader.end(wait_s=10)
     assert kinds(events)[-1] == "run_completed"
     assert mcp.counts("note") == {sent_key("full-quiet", asked.permission_request_id): 1}
+
+
+async def test_a_place_freed_while_a_decided_run_looks_for_a_cancel_is_not_lost(
+    start_server, store_url: str, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: with no room, the decided run reads its row for a cancel; a place that
+    freed during that read found nobody waiting, and the watch no longer wakes a run that
+    waits for room, so it waited for another run to end, on an idle replica forever."""
+    replicas_only(store_url)
+    request = tool_request("use note for buy milk", mcp, "race-room")
+    async with (
+        start_server(replica_id="A", max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, "race-room")
+        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-race"))))
+        await until_status(stub, "busy-race", pb.RUN_STATUS_RUNNING)
+        coordination = server.manager.coordination
+        real_look, real_decided = coordination.cancel_recorded, server.store.decided_parked
+        looking = False
+
+        async def slow_look(record):  # the busy run ends while this read is in flight
+            nonlocal looking
+            reason = await real_look(record)
+            if record.run_id == "race-room":
+                looking = True
+                await busy
+                await asyncio.sleep(0.05)
+            looking = False
+            return reason
+
+        async def decided(owner):  # the real read takes ms: no poll of the watch falls in it
+            rows = await real_decided(owner)
+            return [] if looking else rows
+
+        monkeypatch.setattr(coordination, "cancel_recorded", slow_look)
+        monkeypatch.setattr(server.store, "decided_parked", decided)
+        await stub.ResolvePermission(resolve("race-room", asked.permission_request_id, APPROVE))
+        assert kinds(await busy)[-1] == "run_completed"
+        events = await reader.end(wait_s=5)
+    assert kinds(events)[-1] == "run_completed"

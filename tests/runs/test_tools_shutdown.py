@@ -26,7 +26,7 @@ from support.approvals import (
     sent_key,
     tool_request,
 )
-from support.builders import collect, finals, kinds
+from support.builders import collect, finals, kinds, last_execution, of_kind
 from support.mcp_server import McpServerProcess
 from support.stores import query
 
@@ -199,3 +199,37 @@ async def test_a_cancel_during_the_drain_ends_a_parallel_group_waiting_for_a_per
         run = (await stub.GetRun(pb.GetRunRequest(run_id="drain-group", tenant="tenant-1"))).run
     assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
     assert mcp.counts("note") == {}
+
+
+async def test_a_speaker_cut_short_after_its_approval_starts_again_on_the_next_server(
+    start_server: ServerFactory, mcp: McpServerProcess
+) -> None:
+    # Review: it went on there with no speaker_started, its deltas reusing the dead
+    # execution's counter, so a client appended the new text to the half-spoken one.
+    request = tool_request("use note for buy milk", mcp, "restart-approved")
+    slow = spb.ModelTarget(provider="offline", model="m", base_url="offline:?token_delay_ms=150")
+    request.snapshot.session.default_model.CopyFrom(spb.ModelRef(target=slow))
+    async with (
+        start_server(grace_seconds=0.3) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await stub.ResolvePermission(
+            resolve("restart-approved", asked.permission_request_id, APPROVE)
+        )
+        await reader.until("assistant_delta", nth=2)  # answering, told the tool's result
+    await asyncio.wait({reader.task}, timeout=5)
+    assert not finals(reader.events), "the drain stopped it mid-answer"
+    before = [e.speaker_started.attempt for e in of_kind(reader.events, "speaker_started")]
+    assert before == [1, 2], "it started, then started again after the decision"
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        events = last_execution(await collect(stub.StartRun(request)))
+    assert kinds(events)[-1] == "run_completed"
+    assert [e.speaker_started.attempt for e in of_kind(events, "speaker_started")] == [3]
+    assert mcp.counts("note") == {sent_key("restart-approved", asked.permission_request_id): 1}

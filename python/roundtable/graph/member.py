@@ -189,17 +189,16 @@ async def _speak(
     number = step.count_off_number
     tries = 1 + (COUNT_OFF_MAX_RETRIES if number else 0)
     texts, tally = _TextStream(ctx, step), _Tally(resumed)
-    first, goes_on = _first_attempt(ctx, step, resumed)
+    # A speaker an earlier execution began and left unfinished (a crash, a restart, a wait
+    # for a person) starts again numbered past the attempts in the log (review: it said
+    # attempt 1 again), and its speaker_started tells a client to drop the text it holds.
+    first = ctx.prior.started.get(step.reply_id, 0) + 1
     for attempt in range(first, first + tries):
-        if not (goes_on and attempt == first):
-            await ctx.sink.emit(
-                SpeakerStarted(
-                    step=step.index,
-                    member_id=member.member_id,
-                    reply_id=step.reply_id,
-                    attempt=attempt,
-                )
+        await ctx.sink.emit(
+            SpeakerStarted(
+                step=step.index, member_id=member.member_id, reply_id=step.reply_id, attempt=attempt
             )
+        )
         texts.restart()
         ask = _Asker(ctx, ref, step, texts, caller_node)
         try:
@@ -228,21 +227,6 @@ async def _speak(
                 content, finish = str(number), FinishReason.REPLACED
         return await _final(ctx, step, content, finish, tally)
     raise AssertionError("unreachable: the last attempt always returns")
-
-
-def _first_attempt(ctx: GraphContext, step: PlanStep, resumed: ToolLoop | None) -> tuple[int, bool]:
-    """The speaker's first attempt in this execution, and whether it goes on with one the
-    log has begun (no speaker_started again).
-
-    A speaker that waited for a person's decision goes on with its attempt: its
-    speaker_started is in the log (review: a resumed parked speaker said it started again,
-    as attempt 1). One an earlier execution began and left unfinished (a crash, a restart)
-    starts over, numbered past the attempts the log has, so a client can tell the two.
-    """
-    begun = ctx.prior.started.get(step.reply_id, 0)
-    if resumed is not None and begun:
-        return begun, True
-    return begun + 1, False
 
 
 def _answered(ctx: GraphContext, step: PlanStep) -> str:

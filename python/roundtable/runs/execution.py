@@ -181,10 +181,9 @@ class Executor:
             traceback.clear_frames(parked.__traceback__)
             parked.with_traceback(None)
             if live.stop.denies:
-                # Cancelled while its speakers waited for a person (the others of a
-                # parallel group answering): their calls are denied and the run ends here,
-                # as a parked run's cancel ends it. Outside testing: parked during a
-                # drain, the next server completed a run its user had cancelled.
+                # Cancelled while its speakers waited for a person: it ends here, as a parked
+                # run's cancel ends it (outside testing: parked during a drain instead, the
+                # next server completed a run its user had cancelled).
                 status = RunStatus.CANCELLED
                 await deny_waiting(self.log.store, live)
                 await sink.end(cancelled_event(live.stop.reason, live.progress), status)
@@ -200,6 +199,8 @@ class Executor:
             status = (
                 RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
             )
+            if status is RunStatus.CANCELLED:  # review: they were left waiting on a resume
+                await deny_waiting(self.log.store, live)
             await sink.end(cancelled_event(stop.reason, live.progress), status)
         except asyncio.CancelledError:
             if live.lease_lost:

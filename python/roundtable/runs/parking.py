@@ -119,12 +119,14 @@ class Parking:
             try:
                 launch = self.registry.unpark(live)
             except TooManyRuns:
+                # Waiting for room before the look below: a place freed during it finds
+                # this run (review: it was lost, and the watch no longer wakes it).
+                self._no_room[live.key] = live
                 # A stopped run needs no place (it only writes its end), and a cancel
                 # recorded by another replica woke it without stopping it here yet (review:
                 # it waited for a place in a full process).
                 reason = await self.coordination.cancel_recorded(live.record)
                 if not reason:
-                    self._no_room[live.key] = live
                     return
                 live.stop.request(reason)
                 launch = self.registry.unpark(live)

@@ -77,11 +77,10 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
                 replies.append(outcome.reply)
                 input_tokens += outcome.usage.input_tokens
                 output_tokens += outcome.usage.output_tokens
-        if len(batch) > 1:
-            # A resumed group's logged replies came first: in plan order again, as a run
-            # that never stopped has them (review: the next speakers, the next round's
-            # planner and the memory proposal read them B, A, C).
-            replies.sort(key=_step_of)
+        # A resumed group's logged replies came first: in plan order again, as a run that
+        # never stopped has them (review: the next speakers, the next round's planner and
+        # the memory proposal read them B, A, C; or B, C, A with one speaker left).
+        replies.sort(key=_step_of)
         if None in outcomes:
             raise Drained(ctx.stop.reason)  # a stop came mid-group: its rest never started
     return {

@@ -384,10 +384,11 @@ export type SpeakerStarted = Message<"roundtable.v1.SpeakerStarted"> & {
 
   /**
    * 1 for the first attempt; a count-off reply that failed validation is
-   * asked again as attempt 2 and 3. A speaker an earlier execution of the run
-   * began and left unfinished (a crash, a restart) starts over with the next
-   * number. A speaker that waited for a person's decision goes on with the
-   * attempt it began: no second SpeakerStarted.
+   * asked again, twice at most, each time as the next attempt. A speaker an
+   * earlier execution of the run began and did not finish (a crash, a
+   * restart, a wait for a person's decision) starts again numbered past the
+   * attempts its run's log holds. A speaker that is still waiting for a
+   * person does not start again until the decision comes.
    *
    * @generated from field: uint32 attempt = 4;
    */
