@@ -333,9 +333,12 @@ async def running_server(
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(server, bound, manager, store, health, harness, telemetry)
+    sweep = manager.coordination.sweep_interrupted()
     try:
         yield running
     finally:
+        if sweep is not None:
+            sweep.cancel()
         await health.enter_graceful_shutdown()
         await manager.drain(settings.grace_seconds)
         await server.stop(grace=1.0)

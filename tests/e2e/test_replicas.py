@@ -162,6 +162,34 @@ async def test_b_resumes_what_a_left_after_its_lease_expires(
         assert dispatch_calls(b) == 3, "no finished speaker ran again on B"
 
 
+async def test_a_dead_replicas_run_reads_interrupted_and_a_continue_takes_it_over(
+    shared_store: str, tmp_path: Path
+) -> None:
+    # Outside testing: only a replica's start marked a dead one's runs, and only those
+    # whose lease had run out then; a run whose replica was restarted within its lease (or
+    # never) stayed RUNNING for good: 继续 found nothing to continue, CancelRun said ended.
+    request = six_speakers("rep-dead")
+    async with two_replicas(shared_store, tmp_path) as (a, b):
+        await kill_a_after_speaker_3(a, request)
+        async with b.channel() as channel:
+            stub = b.stub(channel)
+            get = pb.GetRunRequest(run_id="rep-dead", tenant="tenant-1")
+            async with asyncio.timeout(4 * float(LEASE) + 5):
+                while (await stub.GetRun(get)).run.status != pb.RUN_STATUS_INTERRUPTED:
+                    assert (await stub.GetRun(get)).run.status == pb.RUN_STATUS_RUNNING
+                    await asyncio.sleep(0.2)
+            go_on = start_request(
+                "继续",
+                members=list(request.snapshot.members),
+                run_id="rep-dead-2",
+                thread_id=request.context.thread_id,
+                budgets=spb.Budgets(max_speakers=6),
+            )
+            events = await collect(stub.StartRun(go_on))
+        assert kinds(events)[-1] == "run_completed"
+        assert [f.reply_id for f in finals(events)] == [f"rep-dead#{i}" for i in (3, 4, 5)]
+
+
 async def test_b_follows_a_dead_replica_then_takes_over(shared_store: str, tmp_path: Path) -> None:
     request = six_speakers("rep-1b")
     async with two_replicas(shared_store, tmp_path) as (a, b):

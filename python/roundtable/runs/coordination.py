@@ -86,6 +86,10 @@ class Coordination(Protocol):
         """Closes the logs of runs start-up found left running by a dead process."""
         ...
 
+    def sweep_interrupted(self) -> asyncio.Task[None] | None:
+        """What marks, while this process serves, the runs a dead process left running."""
+        ...
+
     def park_holder(self) -> tuple[str, float]:
         """Who keeps a run parked for approval in the registry, and until when: this
         process (while its lease is renewed) where replicas share the store."""
@@ -141,6 +145,10 @@ class LocalCoordination:
         """Nobody: a parked run is this process's, in memory, or (after a restart) the
         next StartRun's."""
         return "", 0.0
+
+    def sweep_interrupted(self) -> asyncio.Task[None] | None:
+        """Nothing: the file is this process's, and its start marked a dead one's runs."""
+        return None
 
     def watch_parked(self, parked: ParkedKeys, wake: Wake) -> asyncio.Task[None] | None:
         """ResolvePermission always lands in the process that holds the run."""
@@ -216,6 +224,24 @@ class SharedCoordination:
     async def close_interrupted(self, runs: Iterable[tuple[str, str]], log: EventLog) -> None:
         """Nothing: a replica may be resuming such a run at this very moment, and that
         resume closes the log itself."""
+
+    def sweep_interrupted(self) -> asyncio.Task[None] | None:
+        """Every lease, marks the runs of dead replicas interrupted (running or queued under
+        a lease nobody renewed), as a replica's start does. Only at start, a replica
+        restarted within its lease left its old runs RUNNING for good (outside testing:
+        继续 found nothing to continue, CancelRun said they had ended)."""
+        return asyncio.create_task(self._sweep(), name="interrupted")
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s)
+            try:
+                marked = await self.store.mark_interrupted()
+            except Exception as exc:  # the store is unreachable: try again next time
+                log.warning("looking for runs of dead replicas failed: %s", type(exc).__name__)
+                continue
+            if marked:
+                log.warning("marked %d run(s) of a dead replica interrupted", len(marked))
 
     def park_holder(self) -> tuple[str, float]:
         """This replica, for a lease it renews while it keeps the run parked
