@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 from roundtable.telemetry.attributes import CALLER_NODE, REQUEST_ID, RUN_ID, TENANT, THREAD_ID
 from roundtable.telemetry.setup import telemetry_from_env
@@ -156,6 +158,32 @@ async def test_get_stream_and_cancel_spans_carry_the_run_they_are_about(start_se
         assert (attrs[RUN_ID], attrs[TENANT], attrs[CALLER_NODE]) == ("traced-4", "tenant-1", rpc)
         if rpc != "StreamRun":
             assert attrs[THREAD_ID] == "th-4", rpc
+
+
+async def test_a_failed_rpcs_span_says_its_status_code(start_server) -> None:
+    # Outside testing: every failed RPC's span said rpc.grpc.status_code 0: the interceptor
+    # learns a code from abort or set_code, not from abort_with_status. (Its status stays
+    # unset for a caller's mistake, as OpenTelemetry's gRPC conventions want of a server.)
+    bad = start_request("hi", run_id="traced-5")
+    bad.context.tenant = ""
+    with OtlpReceiver() as receiver:
+        telemetry = telemetry_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+        async with start_server(telemetry=telemetry) as server:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                stub = pb_grpc.OrchestratorServiceStub(channel)
+                for call in (
+                    stub.GetRun(pb.GetRunRequest(run_id="nobody", tenant="tenant-1")),
+                    collect(stub.StartRun(bad)),
+                ):
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await call
+            telemetry.force_flush()
+    for rpc, code in (
+        ("GetRun", grpc.StatusCode.NOT_FOUND),
+        ("StartRun", grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        (span,) = receiver.named(f"/roundtable.v1.OrchestratorService/{rpc}")
+        assert span.attributes["rpc.grpc.status_code"] == code.value[0], rpc
 
 
 async def test_metrics_are_exported(start_server) -> None:

@@ -49,7 +49,12 @@ _EVENT_FIELD_TAG = b"\x0a"  # field 1 (`event`), length-delimited: both response
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: RoundtableError) -> NoReturn:
-    await context.abort_with_status(to_grpc_status(error))
+    status = to_grpc_status(error)
+    # The OpenTelemetry interceptor's span learns the code from set_code or abort, never
+    # from abort_with_status (outside testing: every failed RPC's span said OK).
+    context.set_code(status.code)
+    context.set_details(status.details)
+    await context.abort_with_status(status)
     raise AssertionError("abort_with_status returns only by raising")
 
 
