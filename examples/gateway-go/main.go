@@ -37,6 +37,7 @@ type options struct {
 	runID, threadID, tenant, request string
 	db                               string
 	dropAfter                        int
+	maxFailures                      int
 	parallel                         bool
 	toolServer, approve              string
 	timeout                          time.Duration
@@ -79,6 +80,7 @@ func main() {
 	flag.StringVar(&o.db, "db", "gateway-db.json", "the gateway's store, a JSON file")
 	flag.BoolVar(&o.parallel, "parallel", false, "a group's independent speakers answer at once (SPEAKER_CONCURRENCY_PARALLEL)")
 	flag.IntVar(&o.dropAfter, "drop-after", 0, "test hook: close the StartRun stream after N durable events, then re-attach")
+	flag.IntVar(&o.maxFailures, "max-failures", 8, "calls in a row without progress (the sidecar down, restarting, refusing) before the turn gives up")
 	flag.StringVar(&o.toolServer, "tool-server", "", "URL of an MCP server (streamable HTTP): members may call its weather (runs as called) and note (each call approved)")
 	flag.StringVar(&o.approve, "approve", ApproveAsk, "how tool calls that need approval are decided: ask (the person at the terminal), always or never")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline for the whole turn, not counting the time spent answering approval prompts")
@@ -180,7 +182,7 @@ func run(o options) int {
 		Memory:      &MemoryRules{Store: store, Tenant: o.tenant, RunID: o.runID, Members: members},
 		Out:         os.Stdout,
 		DropAfter:   o.dropAfter,
-		MaxFailures: 5,
+		MaxFailures: o.maxFailures,
 		Approve:     o.approve,
 		Prompt:      &Prompter{In: os.Stdin, Echo: !isTerminal(os.Stdin)},
 		Clock:       clock,
