@@ -224,7 +224,8 @@ class Knob:
 
     @property
     def help(self) -> str:
-        """What `--help` shows: the meaning, the variable, the default and the least value."""
+        """What `--help` shows: the meaning, the variable, the default, the least value and
+        (for a default budget) the most."""
         least = "" if self.minimum is None else f"; at least {self.minimum:g}"
         most = "" if self.maximum is None else f"; at most {_number(self.maximum)}"
         return f"{self.meaning} (env {self.env}; default {self.default!r}{least}{most})".strip()

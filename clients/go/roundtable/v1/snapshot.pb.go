@@ -553,8 +553,9 @@ type ToolServer struct {
 	Url string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
 	// The key of StartRunRequest.credentials holding a bearer token sent as
 	// "Authorization: Bearer <token>". Optional; when set it must be present in
-	// that map. The token never reaches state, checkpoints, events, logs or
-	// spans.
+	// that map, and the token must be one an HTTP header can carry (visible
+	// ASCII, spaces only inside). The token never reaches state, checkpoints,
+	// events, logs or spans.
 	CredentialRef string `protobuf:"bytes,3,opt,name=credential_ref,json=credentialRef,proto3" json:"credential_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -933,7 +934,8 @@ type ModelTarget struct {
 	// At most 2,048 characters.
 	BaseUrl string `protobuf:"bytes,3,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
 	// The key of StartRunRequest.credentials holding this target's API key.
-	// Optional; when set it must be present in that map.
+	// Optional; when set it must be present in that map, and the key must be one
+	// an HTTP header can carry (visible ASCII, spaces only inside).
 	CredentialRef string `protobuf:"bytes,4,opt,name=credential_ref,json=credentialRef,proto3" json:"credential_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

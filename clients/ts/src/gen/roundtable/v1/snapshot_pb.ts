@@ -229,8 +229,9 @@ export type ToolServer = Message<"roundtable.v1.ToolServer"> & {
   /**
    * The key of StartRunRequest.credentials holding a bearer token sent as
    * "Authorization: Bearer <token>". Optional; when set it must be present in
-   * that map. The token never reaches state, checkpoints, events, logs or
-   * spans.
+   * that map, and the token must be one an HTTP header can carry (visible
+   * ASCII, spaces only inside). The token never reaches state, checkpoints,
+   * events, logs or spans.
    *
    * @generated from field: string credential_ref = 3;
    */
@@ -480,7 +481,8 @@ export type ModelTarget = Message<"roundtable.v1.ModelTarget"> & {
 
   /**
    * The key of StartRunRequest.credentials holding this target's API key.
-   * Optional; when set it must be present in that map.
+   * Optional; when set it must be present in that map, and the key must be one
+   * an HTTP header can carry (visible ASCII, spaces only inside).
    *
    * @generated from field: string credential_ref = 4;
    */
