@@ -101,6 +101,11 @@ COMMANDS: dict[DirectiveKind, Twins] = {
 """The words of the directives that count only as the whole message."""
 
 
+_DOMAIN_GOES_ON = re.compile(r"[-A-Za-z0-9]*(?:\.[-A-Za-z0-9]+)*\.[A-Za-z]{2,}(?![A-Za-z0-9])")
+"""What follows a name in an e-mail address's domain: labels and dots up to a top-level
+domain of letters ("mei.kr", "mei-corp.co.uk"), not a sentence's full stop ("@mei.2号方案")."""
+
+
 def _words(rows: Twins) -> str:
     return alternation(rows, lambda pattern: pattern.replace(" ", r"\s+") + _ENGLISH_END)
 
@@ -166,12 +171,8 @@ class _Name:
         if end >= len(text):
             return True
         following = text[end]
-        if (
-            following == "."
-            and text[end + 1 : end + 2].isascii()
-            and text[end + 1 : end + 2].isalnum()
-        ):
-            return False  # a domain goes on ("张三@mei.kr"): an e-mail address, not "@mei"
+        if following in "-." and _DOMAIN_GOES_ON.match(text, end, end + 256):
+            return False  # "张三@mei.kr", "张三@mei-corp.kr": an e-mail address, not "@mei"
         if self.is_id:
             # Ids are ASCII ([A-Za-z0-9._:-]): a CJK character can never go on one.
             return is_cjk(following) or not (following.isalnum() or following in "-_")
