@@ -5,7 +5,7 @@
  */
 
 import type { CallOptions, Client } from "@connectrpc/connect";
-import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { create, toBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code } from "@connectrpc/connect";
 import type { RunEvent } from "./gen/roundtable/v1/events_pb.js";
 import {
@@ -81,6 +81,7 @@ export async function* runTurn(
   });
   // One request, sent byte for byte the same every time: the sidecar fingerprints it.
   const request = create(StartRunRequestSchema, input as MessageInitShape<typeof StartRunRequestSchema>);
+  unsendable(request);
   const runId = request.context?.runId ?? "";
   const tenant = request.context?.tenant ?? "";
   const deltas = options.deltas ?? true;
@@ -218,4 +219,23 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
     }
     signal?.addEventListener("abort", aborted, { once: true });
   });
+}
+
+/**
+ * Throws, not retryable, when the request cannot be serialized (a plain object where a
+ * message belongs, say): every attempt would fail the same way in this process, and the
+ * transport calls that INTERNAL, which reads as a cut connection (outside testing: it was
+ * retried to the last attempt, then thrown as retryable).
+ */
+function unsendable(request: StartRunRequest): void {
+  try {
+    toBinary(StartRunRequestSchema, request);
+  } catch (cause) {
+    throw new RoundtableError({
+      code: Code.InvalidArgument,
+      message: `the request cannot be serialized: ${cause instanceof Error ? cause.message : String(cause)}`,
+      retryable: false,
+      cause,
+    });
+  }
 }

@@ -61,3 +61,28 @@ test("C6 INVALID_ARGUMENT: every bad field listed in a typed error, nothing retr
     return true;
   });
 });
+
+test("C6 a request that cannot be serialized: a typed error at once, not retried", async () => {
+  // Outside testing: the transport called it INTERNAL, which reads as a cut connection:
+  // it was retried to the last attempt, about 10 s, then thrown as retryable.
+  const client = new RoundtableClient({ address: sidecar.address });
+  const request = turnRequest("hello", "ts-tests");
+  // A plain object where a Member message belongs, as a JavaScript caller may push one.
+  (request.snapshot!.members as unknown[]).push({ memberId: "kai", displayName: "Kai" });
+  const notices: RetryNotice[] = [];
+  const started = Date.now();
+  let caught: unknown;
+  try {
+    for await (const _ of client.runTurn(request, { onRetry: (n) => notices.push(n) })) {
+      assert.fail("no event expected for a request that cannot be sent");
+    }
+  } catch (e) {
+    caught = e;
+  }
+  assert.ok(caught instanceof RoundtableError, `not a RoundtableError: ${String(caught)}`);
+  assert.equal(caught.code, Code.InvalidArgument);
+  assert.equal(caught.retryable, false);
+  assert.match(caught.message, /cannot be serialized/);
+  assert.deepEqual(notices, []);
+  assert.ok(Date.now() - started < 2000);
+});
