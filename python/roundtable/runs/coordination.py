@@ -226,8 +226,8 @@ class SharedCoordination:
         resume closes the log itself."""
 
     def sweep_interrupted(self) -> asyncio.Task[None] | None:
-        """Every lease, marks the runs of dead replicas interrupted (running or queued under
-        a lease nobody renewed), as a replica's start does. Only at start, a replica
+        """Every lease, marks the runs of dead replicas interrupted (running or queued, their
+        lease run out a lease ago), as a replica's start does. Only at start, a replica
         restarted within its lease left its old runs RUNNING for good (outside testing:
         继续 found nothing to continue, CancelRun said they had ended)."""
         return asyncio.create_task(self._sweep(), name="interrupted")
@@ -236,7 +236,10 @@ class SharedCoordination:
         while True:
             await asyncio.sleep(self.lease_s)
             try:
-                marked = await self.store.mark_interrupted()
+                # A lease past by a whole lease more: a replica alive but late to renew
+                # (a pause, a starved loop) keeps its run; a dead one's reads interrupted
+                # within about three leases.
+                marked = await self.store.mark_interrupted(expired_for_s=self.lease_s)
             except Exception as exc:  # the store is unreachable: try again next time
                 log.warning("looking for runs of dead replicas failed: %s", type(exc).__name__)
                 continue

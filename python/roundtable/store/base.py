@@ -198,11 +198,12 @@ class RunStore(ToolCallStore, Protocol):
         own runs in memory)."""
         ...
 
-    async def mark_interrupted(self) -> list[tuple[str, str]]:
+    async def mark_interrupted(self, *, expired_for_s: float = 0.0) -> list[tuple[str, str]]:
         """Marks runs left `running` or `queued` by a dead process as interrupted.
 
         A SQLite file belongs to one process, so every such run is marked; a shared store
-        marks only runs whose lease has expired. Returns the (tenant, run_id) of each.
+        marks only runs whose lease has expired (at least `expired_for_s` ago). Returns the
+        (tenant, run_id) of each.
         """
         ...
 

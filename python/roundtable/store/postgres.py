@@ -325,15 +325,16 @@ class PostgresRunStore(SqlRegistry, SqlToolCalls):
                 # COMMIT, not ROLLBACK: measured ≈0.1 ms cheaper a turn through the pool.
                 await conn.execute("COMMIT")
 
-    async def mark_interrupted(self) -> list[tuple[str, str]]:
+    async def mark_interrupted(self, *, expired_for_s: float = 0.0) -> list[tuple[str, str]]:
+        now = time.time()
         rows = await self._read(
             # The owner goes too: a replica that was only late to renew (a pause) then
             # finds the run is not its own any more (LeaseLost) instead of running on
             # under an 'interrupted' row nobody else can cancel or see.
             "UPDATE rt_runs SET status='interrupted', owner='', lease_until=0, updated_at=%(now)s "
-            "WHERE status IN ('running','queued') AND lease_until<%(now)s "
+            "WHERE status IN ('running','queued') AND lease_until<%(expired)s "
             "RETURNING tenant, run_id",
-            {"now": time.time()},
+            {"now": now, "expired": now - expired_for_s},
         )
         return [(tenant, run_id) for tenant, run_id in rows]
 

@@ -340,7 +340,7 @@ class SqliteRunStore(SqlRegistry, SqlToolCalls):
         """A no-op: the file belongs to one process, whose RunManager serializes starts."""
         yield
 
-    async def mark_interrupted(self) -> list[tuple[str, str]]:
+    async def mark_interrupted(self, *, expired_for_s: float = 0.0) -> list[tuple[str, str]]:
         await self._before_write()
         cursor = self.conn.execute(
             # The file belongs to this process: whoever held these runs is gone.
