@@ -425,6 +425,35 @@ async def test_a_cancel_on_another_replica_ends_a_parked_run_at_once_in_a_full_p
     assert mcp.counts("note") == {}
 
 
+@contextlib.asynccontextmanager
+async def a_full_replica_with_a_run_parked(
+    start_server, request: pb.StartRunRequest
+) -> AsyncIterator[
+    tuple[
+        RunningServer,
+        pb_grpc.OrchestratorServiceStub,
+        Reader,
+        epb.PermissionRequired,
+        asyncio.Future[list[epb.RunEvent]],
+    ]
+]:
+    """Replica A, which runs one run at a time, with `request`'s run parked on its request
+    and a slow run holding the place: the server, a client, the parked run's stream, its
+    request, and the slow run's events to come."""
+    run_id = request.context.run_id
+    async with (
+        start_server(replica_id="A", max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+        await waiting_run(stub, run_id)
+        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request(f"busy-{run_id}"))))
+        await until_status(stub, f"busy-{run_id}", pb.RUN_STATUS_RUNNING)
+        yield server, stub, reader, asked, busy
+
+
 async def test_a_run_waiting_for_a_place_is_not_woken_by_the_watch_for_its_own_decision(
     start_server, store_url: str, mcp: McpServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -433,16 +462,13 @@ async def test_a_run_waiting_for_a_place_is_not_woken_by_the_watch_for_its_own_d
     read of its row that only found no room again (review). It goes on once room frees."""
     replicas_only(store_url)
     request = tool_request("use note for buy milk", mcp, "full-quiet")
-    async with (
-        start_server(replica_id="A", max_runs=1) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
+    async with a_full_replica_with_a_run_parked(start_server, request) as (
+        server,
+        stub,
+        reader,
+        asked,
+        busy,
     ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
-        reader = Reader(stub.StartRun(request))
-        asked = (await reader.until("permission_required")).permission_required
-        await waiting_run(stub, "full-quiet")
-        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-quiet"))))
-        await until_status(stub, "busy-quiet", pb.RUN_STATUS_RUNNING)
         reads: list[str] = []
         real_get_run = server.store.get_run
 
@@ -469,16 +495,13 @@ async def test_a_place_freed_while_a_decided_run_looks_for_a_cancel_is_not_lost(
     waits for room, so it waited for another run to end, on an idle replica forever."""
     replicas_only(store_url)
     request = tool_request("use note for buy milk", mcp, "race-room")
-    async with (
-        start_server(replica_id="A", max_runs=1) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
+    async with a_full_replica_with_a_run_parked(start_server, request) as (
+        server,
+        stub,
+        reader,
+        asked,
+        busy,
     ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
-        reader = Reader(stub.StartRun(request))
-        asked = (await reader.until("permission_required")).permission_required
-        await waiting_run(stub, "race-room")
-        busy = asyncio.ensure_future(collect(stub.StartRun(slow_request("busy-race"))))
-        await until_status(stub, "busy-race", pb.RUN_STATUS_RUNNING)
         coordination = server.manager.coordination
         real_look, real_decided = coordination.cancel_recorded, server.store.decided_parked
         looking = False
