@@ -226,7 +226,7 @@ class Knob:
     def help(self) -> str:
         """What `--help` shows: the meaning, the variable, the default, the least value and
         (for a default budget) the most."""
-        least = "" if self.minimum is None else f"; at least {self.minimum:g}"
+        least = "" if self.minimum is None else f"; at least {_number(self.minimum)}"
         most = "" if self.maximum is None else f"; at most {_number(self.maximum)}"
         return f"{self.meaning} (env {self.env}; default {self.default!r}{least}{most})".strip()
 
@@ -307,7 +307,9 @@ def load_settings(argv: Sequence[str] = (), env: Mapping[str, str] | None = None
             except ValueError:
                 parser.error(f"--{knob.flag}: not a valid {type(knob.default).__name__}: {raw!r}")
             if knob.minimum is not None and value < knob.minimum:  # type: ignore[operator]
-                parser.error(f"--{knob.flag}: must be at least {knob.minimum:g}, got {raw!r}")
+                parser.error(
+                    f"--{knob.flag}: must be at least {_number(knob.minimum)}, got {raw!r}"
+                )
             if knob.maximum is not None and value > knob.maximum:  # type: ignore[operator]
                 parser.error(f"--{knob.flag}: must be at most {_number(knob.maximum)}, got {raw!r}")
             values[knob.name] = value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -425,21 +426,25 @@ async def test_a_cancel_on_another_replica_ends_a_parked_run_at_once_in_a_full_p
     assert mcp.counts("note") == {}
 
 
+@dataclasses.dataclass
+class FullReplica:
+    """Replica A, which runs one run at a time, with a run parked on its request and a
+    slow run holding the place."""
+
+    server: RunningServer
+    stub: pb_grpc.OrchestratorServiceStub
+    reader: Reader
+    """The parked run's stream."""
+    asked: epb.PermissionRequired
+    busy: asyncio.Future[list[epb.RunEvent]]
+    """The slow run's events to come."""
+
+
 @contextlib.asynccontextmanager
 async def a_full_replica_with_a_run_parked(
     start_server, request: pb.StartRunRequest
-) -> AsyncIterator[
-    tuple[
-        RunningServer,
-        pb_grpc.OrchestratorServiceStub,
-        Reader,
-        epb.PermissionRequired,
-        asyncio.Future[list[epb.RunEvent]],
-    ]
-]:
-    """Replica A, which runs one run at a time, with `request`'s run parked on its request
-    and a slow run holding the place: the server, a client, the parked run's stream, its
-    request, and the slow run's events to come."""
+) -> AsyncIterator[FullReplica]:
+    """`FullReplica`, with `request`'s run the one parked."""
     run_id = request.context.run_id
     async with (
         start_server(replica_id="A", max_runs=1) as server,
@@ -451,7 +456,7 @@ async def a_full_replica_with_a_run_parked(
         await waiting_run(stub, run_id)
         busy = asyncio.ensure_future(collect(stub.StartRun(slow_request(f"busy-{run_id}"))))
         await until_status(stub, f"busy-{run_id}", pb.RUN_STATUS_RUNNING)
-        yield server, stub, reader, asked, busy
+        yield FullReplica(server, stub, reader, asked, busy)
 
 
 async def test_a_run_waiting_for_a_place_is_not_woken_by_the_watch_for_its_own_decision(
@@ -462,29 +467,25 @@ async def test_a_run_waiting_for_a_place_is_not_woken_by_the_watch_for_its_own_d
     read of its row that only found no room again (review). It goes on once room frees."""
     replicas_only(store_url)
     request = tool_request("use note for buy milk", mcp, "full-quiet")
-    async with a_full_replica_with_a_run_parked(start_server, request) as (
-        server,
-        stub,
-        reader,
-        asked,
-        busy,
-    ):
+    async with a_full_replica_with_a_run_parked(start_server, request) as full:
         reads: list[str] = []
-        real_get_run = server.store.get_run
+        real_get_run = full.server.store.get_run
 
         async def counted(tenant: str, run_id: str) -> object:
             reads.append(run_id)
             return await real_get_run(tenant, run_id)
 
-        monkeypatch.setattr(server.store, "get_run", counted)
-        await stub.ResolvePermission(resolve("full-quiet", asked.permission_request_id, APPROVE))
+        monkeypatch.setattr(full.server.store, "get_run", counted)
+        await full.stub.ResolvePermission(
+            resolve("full-quiet", full.asked.permission_request_id, APPROVE)
+        )
         await asyncio.sleep(1.0)  # five of the watch's polls, the busy run still running
-        assert not busy.done()
+        assert not full.busy.done()
         assert reads.count("full-quiet") <= 1, reads  # the decision's own look, not one a poll
-        assert kinds(await busy)[-1] == "run_completed"
-        events = await reader.end(wait_s=10)
+        assert kinds(await full.busy)[-1] == "run_completed"
+        events = await full.reader.end(wait_s=10)
     assert kinds(events)[-1] == "run_completed"
-    assert mcp.counts("note") == {sent_key("full-quiet", asked.permission_request_id): 1}
+    assert mcp.counts("note") == {sent_key("full-quiet", full.asked.permission_request_id): 1}
 
 
 async def test_a_place_freed_while_a_decided_run_looks_for_a_cancel_is_not_lost(
@@ -495,15 +496,9 @@ async def test_a_place_freed_while_a_decided_run_looks_for_a_cancel_is_not_lost(
     waits for room, so it waited for another run to end, on an idle replica forever."""
     replicas_only(store_url)
     request = tool_request("use note for buy milk", mcp, "race-room")
-    async with a_full_replica_with_a_run_parked(start_server, request) as (
-        server,
-        stub,
-        reader,
-        asked,
-        busy,
-    ):
-        coordination = server.manager.coordination
-        real_look, real_decided = coordination.cancel_recorded, server.store.decided_parked
+    async with a_full_replica_with_a_run_parked(start_server, request) as full:
+        coordination = full.server.manager.coordination
+        real_look, real_decided = coordination.cancel_recorded, full.server.store.decided_parked
         looking = False
 
         async def slow_look(record):  # the busy run ends while this read is in flight
@@ -511,7 +506,7 @@ async def test_a_place_freed_while_a_decided_run_looks_for_a_cancel_is_not_lost(
             reason = await real_look(record)
             if record.run_id == "race-room":
                 looking = True
-                await busy
+                await full.busy
                 await asyncio.sleep(0.05)
             looking = False
             return reason
@@ -521,8 +516,10 @@ async def test_a_place_freed_while_a_decided_run_looks_for_a_cancel_is_not_lost(
             return [] if looking else rows
 
         monkeypatch.setattr(coordination, "cancel_recorded", slow_look)
-        monkeypatch.setattr(server.store, "decided_parked", decided)
-        await stub.ResolvePermission(resolve("race-room", asked.permission_request_id, APPROVE))
-        assert kinds(await busy)[-1] == "run_completed"
-        events = await reader.end(wait_s=5)
+        monkeypatch.setattr(full.server.store, "decided_parked", decided)
+        await full.stub.ResolvePermission(
+            resolve("race-room", full.asked.permission_request_id, APPROVE)
+        )
+        assert kinds(await full.busy)[-1] == "run_completed"
+        events = await full.reader.end(wait_s=5)
     assert kinds(events)[-1] == "run_completed"

@@ -137,7 +137,6 @@ _TRANSPORT_CAUSES = {
     "ReadTimeout": "no answer within the read timeout",
     "ProxyError": "the proxy refused the connection",
     "UnsupportedProtocol": "the base URL's scheme is not http or https",
-    "LocalProtocolError": "the request could not be sent",
     "ConnectError": "could not connect",
 }
 
