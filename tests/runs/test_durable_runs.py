@@ -135,6 +135,24 @@ async def test_graceful_cancel_finishes_the_speaker_then_continue_resumes(stub) 
     assert of_kind(again, "plan_created")[0].plan_created.fallback_reason == "nothing to continue"
 
 
+async def test_a_graceful_cancel_during_the_last_speaker_asks_for_no_memory_proposal(
+    stub,
+) -> None:
+    # Review: the memory proposal's model call ran after the stop (no speaker follows the
+    # last one). The plan finished, so the run completes, but nothing more is asked.
+    text = "@all remember that I like green tea"
+    for run_id, cancel in (("mem-1", False), ("mem-2", True)):
+        call = stub.StartRun(slow_request(text, run_id=run_id, thread_id=run_id, n=2))
+        events = await read_until(call, is_started(1))
+        if cancel:
+            answer = await stub.CancelRun(pb.CancelRunRequest(run_id=run_id, tenant="tenant-1"))
+            assert answer.outcome == pb.CANCEL_OUTCOME_REQUESTED
+        events += await collect(call)
+        assert [f.member_id for f in finals(events)] == ["a", "b"]
+        assert kinds(events)[-1] == "run_completed"
+        assert bool(of_kind(events, "memory_proposed")) is not cancel, kinds(events)
+
+
 async def test_immediate_cancel_drops_the_partial_reply_and_resume_redoes_it(stub) -> None:
     request = slow_request(run_id="now-1", thread_id="t-now")
     call = stub.StartRun(request)

@@ -196,7 +196,8 @@ type CancelOutcome int32
 const (
 	// Never sent.
 	CancelOutcome_CANCEL_OUTCOME_UNSPECIFIED CancelOutcome = 0
-	// The run will stop; watch its stream for run_cancelled.
+	// The run will stop; watch its stream for its terminal event (run_cancelled,
+	// or run_completed when its last speaker was already answering).
 	CancelOutcome_CANCEL_OUTCOME_REQUESTED CancelOutcome = 1
 	// The run had already ended; nothing changed.
 	CancelOutcome_CANCEL_OUTCOME_ALREADY_ENDED CancelOutcome = 2

@@ -107,7 +107,9 @@ type OrchestratorServiceClient interface {
 	// same StartRun: it resumes). Only a run's terminal event ends it OK.
 	StreamRun(ctx context.Context, in *StreamRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamRunResponse], error)
 	// CancelRun stops a run, gracefully at the next speaker boundary or at once.
-	// The run then ends with run_cancelled and can be continued later.
+	// The run then ends with run_cancelled and can be continued later; a graceful
+	// cancel during the plan's last speaker ends it run_completed (its plan
+	// finished), with no memory proposal asked for.
 	// Cancelling a finished run changes nothing and says so in the response.
 	// Errors: NOT_FOUND, INVALID_ARGUMENT.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
@@ -289,7 +291,9 @@ type OrchestratorServiceServer interface {
 	// same StartRun: it resumes). Only a run's terminal event ends it OK.
 	StreamRun(*StreamRunRequest, grpc.ServerStreamingServer[StreamRunResponse]) error
 	// CancelRun stops a run, gracefully at the next speaker boundary or at once.
-	// The run then ends with run_cancelled and can be continued later.
+	// The run then ends with run_cancelled and can be continued later; a graceful
+	// cancel during the plan's last speaker ends it run_completed (its plan
+	// finished), with no memory proposal asked for.
 	// Cancelling a finished run changes nothing and says so in the response.
 	// Errors: NOT_FOUND, INVALID_ARGUMENT.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)

@@ -200,7 +200,9 @@ class OrchestratorServiceServicer:
 
     def CancelRun(self, request, context):
         """CancelRun stops a run, gracefully at the next speaker boundary or at once.
-        The run then ends with run_cancelled and can be continued later.
+        The run then ends with run_cancelled and can be continued later; a graceful
+        cancel during the plan's last speaker ends it run_completed (its plan
+        finished), with no memory proposal asked for.
         Cancelling a finished run changes nothing and says so in the response.
         Errors: NOT_FOUND, INVALID_ARGUMENT.
         """

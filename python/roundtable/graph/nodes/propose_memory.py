@@ -167,6 +167,12 @@ async def propose_memory(
 async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationState:
     if nothing_to_remember(state, ctx):
         return {}
+    # A stop asked for during the last speaker: the plan is finished (the run completes),
+    # but the person stopped it, so no more model calls (a bonus is not worth one).
+    await ctx.stop.refresh()
+    if ctx.stop.requested:
+        log.info("memory proposal skipped (run %s): stop requested", ctx.request.context.run_id)
+        return {}
     replies = [r for r in state.get("replies", []) if not r["failed"]]
     snapshot = ctx.request.snapshot
     ref = snapshot.session.default_model

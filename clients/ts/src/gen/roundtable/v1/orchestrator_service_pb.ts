@@ -657,7 +657,8 @@ export enum CancelOutcome {
   UNSPECIFIED = 0,
 
   /**
-   * The run will stop; watch its stream for run_cancelled.
+   * The run will stop; watch its stream for its terminal event (run_cancelled,
+   * or run_completed when its last speaker was already answering).
    *
    * @generated from enum value: CANCEL_OUTCOME_REQUESTED = 1;
    */
@@ -890,7 +891,9 @@ export const OrchestratorService: GenService<{
   },
   /**
    * CancelRun stops a run, gracefully at the next speaker boundary or at once.
-   * The run then ends with run_cancelled and can be continued later.
+   * The run then ends with run_cancelled and can be continued later; a graceful
+   * cancel during the plan's last speaker ends it run_completed (its plan
+   * finished), with no memory proposal asked for.
    * Cancelling a finished run changes nothing and says so in the response.
    * Errors: NOT_FOUND, INVALID_ARGUMENT.
    *
