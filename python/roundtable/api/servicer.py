@@ -230,6 +230,7 @@ class OrchestratorServicer:
             subscription = await self.manager.stream(
                 request.tenant, request.run_id, request.after_seq
             )
+            self._mark_run(request.tenant, request.run_id, "StreamRun", subscription.thread_id)
             return _Opened(subscription, request.tenant, request.run_id)
 
         async for wire in self._streaming(context, open_stream):

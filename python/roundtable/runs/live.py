@@ -54,6 +54,8 @@ class Subscription:
         (a resumed run's events read from the log may be published after the read)."""
         self.follower: asyncio.Task[None] | None = None
         """For a run another replica executes: the task that pumps its event log in."""
+        self.thread_id = ""
+        """The run's thread, for the stream's span (set by `RunManager.stream`)."""
 
     @property
     def full(self) -> bool:

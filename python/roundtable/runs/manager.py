@@ -303,13 +303,18 @@ class RunManager:
                 raise StreamGap(
                     f"after_seq {after_seq} is past the run's last seq {live.record.last_seq}"
                 )
-            return await self._subscribe(live, after_seq=after_seq)
+            sub = await self._subscribe(live, after_seq=after_seq)
+            sub.thread_id = live.record.thread_id
+            return sub
         record = await self.log.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
         if record.status in LEASED and record.leased_by_other(self.owner, time.time()):
-            return self.follower.follow(record, after_seq=after_seq)
-        return await replay(self.log, record, after_seq=after_seq, strict=True)
+            sub = self.follower.follow(record, after_seq=after_seq)
+        else:
+            sub = await replay(self.log, record, after_seq=after_seq, strict=True)
+        sub.thread_id = record.thread_id
+        return sub
 
     async def _subscribe(self, live: LiveRun, *, after_seq: int) -> Subscription:
         """A stream of a run this process executes: durable events after `after_seq`, then
