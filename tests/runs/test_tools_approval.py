@@ -253,6 +253,53 @@ async def test_an_immediate_cancel_denies_a_call_waiting_in_a_parallel_group(
     assert mcp.counts("note") == {}
 
 
+@pytest.mark.parametrize("decided", [True, False], ids=["approved-then-resumed", "resumed"])
+async def test_a_call_a_failed_cancel_left_waiting_is_denied_all_the_same(
+    server: RunningServer,
+    stub: pb_grpc.OrchestratorServiceStub,
+    mcp: McpServerProcess,
+    store_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    decided: bool,
+) -> None:
+    # Review: when the store failed as a cancel denied the waiting calls, the call stayed
+    # waiting on the cancelled run: GetRun listed it, a person's approval was recorded, and
+    # the same StartRun ran the tool.
+    run_id = f"c-lost-{decided}"
+    request = one_waits_while_others_answer(mcp, run_id)
+    reader = Reader(stub.StartRun(request))
+    asked = (await reader.until("permission_required")).permission_required
+    failed = []
+    read_calls = server.store.tool_calls
+
+    async def fails_once(tenant: str, run: str) -> list[ToolCallRecord]:
+        if not failed:
+            failed.append(run)
+            raise ConnectionError("store unreachable")
+        return await read_calls(tenant, run)
+
+    monkeypatch.setattr(server.store, "tool_calls", fails_once)
+    await stub.CancelRun(
+        pb.CancelRunRequest(run_id=run_id, tenant="tenant-1", mode=pb.CANCEL_MODE_IMMEDIATE)
+    )
+    assert kinds(await reader.end())[-1] == "run_cancelled"
+    assert failed == [run_id], "the denial met the store error"
+    run = (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
+    assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
+    if decided:
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await stub.ResolvePermission(resolve(run_id, asked.permission_request_id, APPROVE))
+        assert "cancelled" in (late.value.details() or "")
+    resumed = await Reader(stub.StartRun(request)).end()
+    assert kinds(resumed)[-1] == "run_completed"
+    (mei,) = [f for f in finals(resumed) if f.member_id == "mei"]
+    assert [t.outcome for t in mei.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
+    assert mcp.counts("note") == {}
+    assert query(store_url, f"SELECT verdict FROM rt_tool_calls WHERE run_id = '{run_id}'") == [
+        ("cancelled",)
+    ]
+
+
 async def test_unknown_requests_and_other_tenants_runs_are_not_found(
     stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
 ) -> None:

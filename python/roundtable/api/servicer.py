@@ -271,7 +271,7 @@ class OrchestratorServicer:
             self._admit_run(context, request.tenant, request.run_id, "GetRun")
             record, progress = await self.manager.describe(request.tenant, request.run_id)
             self._mark_run(request.tenant, request.run_id, "GetRun", record.thread_id)
-            pending = await self.manager.approvals.pending(request.tenant, request.run_id, progress)
+            pending = await self.manager.approvals.pending(record, progress)
             return pb.GetRunResponse(run=convert.run_to_proto(record, progress, pending))
 
         return await self._unary(context, call)
@@ -297,7 +297,7 @@ class OrchestratorServicer:
                 edited_arguments_json=request.edited_arguments_json,
             )
             self._mark_run(tenant, run_id, "ResolvePermission", result.record.thread_id)
-            pending = await self.manager.approvals.pending(tenant, run_id, result.progress)
+            pending = await self.manager.approvals.pending(result.record, result.progress)
             return pb.ResolvePermissionResponse(
                 decision=request.decision,
                 decided_at=timestamp(result.call.decided_at),

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from roundtable.domain.errors import PermissionDecided, PermissionNotFound, RunNotFound
-from roundtable.domain.events import PermissionRequired
+from roundtable.domain.events import Envelope, PermissionRequired
 from roundtable.domain.tools import ToolCallRecord, Verdict
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
@@ -85,15 +85,20 @@ class Approvals:
         if call is None or not call.needs_approval:
             raise PermissionNotFound(call_key[:256])
         if call.verdict is Verdict.PENDING:
-            late = time.time() >= call.expires_at
-            await store.decide_tool_call(
-                tenant,
-                run_id,
-                call_key,
-                Verdict.EXPIRED if late else verdict,
-                reason="expired" if late else reason,
-                edited_arguments_json="" if late else edited_arguments_json,
-            )
+            if record.status is RunStatus.CANCELLED:
+                # The cancel's denial of its waiting calls did not reach the store (an
+                # error): a person's decision now must not run the tool on resume.
+                await cancel_calls(store, tenant, run_id, (call_key,))
+            else:
+                late = time.time() >= call.expires_at
+                await store.decide_tool_call(
+                    tenant,
+                    run_id,
+                    call_key,
+                    Verdict.EXPIRED if late else verdict,
+                    reason="expired" if late else reason,
+                    edited_arguments_json="" if late else edited_arguments_json,
+                )
             call = await store.tool_call(tenant, run_id, call_key) or call
         if (call.verdict, call.reason) != (verdict, reason) or not _same_json(
             call.edited_arguments_json, edited_arguments_json
@@ -130,16 +135,14 @@ class Approvals:
             return record.leased_by_other(self.owner, time.time())
         return record.status in ACTIVE
 
-    async def pending(
-        self, tenant: str, run_id: str, progress: Progress
-    ) -> list[PermissionRequired]:
+    async def pending(self, record: RunRecord, progress: Progress) -> list[PermissionRequired]:
         """The run's permission requests still waiting for a decision, as announced: not
         one whose time ran out (a decision on it now records it expired), though the run
-        may not have gone on yet."""
-        if not progress.permissions:
+        may not have gone on yet, nor any of a cancelled run (its cancel denies them)."""
+        if not progress.permissions or record.status is RunStatus.CANCELLED:
             return []
         now = time.time()
-        calls = await self.log.store.tool_calls(tenant, run_id)
+        calls = await self.log.store.tool_calls(record.tenant, record.run_id)
         waiting = {c.call_key for c in calls if c.waiting and now < c.expires_at}
         return [p for key, p in progress.permissions.items() if key in waiting]
 
@@ -174,13 +177,24 @@ async def deny_waiting(store: RunStore, live: LiveRun) -> None:
     denied (`cancelled`), as every cancel does. An immediate cancel ends speakers before
     their tool loop can (outside testing: a parallel speaker's request stayed open, a
     resume waited on it, and a later approval ran the tool). A store error is logged: the
-    run still ends, and its calls wait for a decision no run acts on."""
+    run still ends, and its calls are denied when a decision comes (`Approvals.resolve`)
+    or the run resumes (`RunManager._reopen`), whichever is first."""
     if not live.progress.permissions:
         return
     try:
         await cancel_waiting(store, *live.key)
     except Exception as exc:
         log.warning("run %s: waiting calls not denied (%s)", live.key[1], type(exc).__name__)
+
+
+async def deny_left_waiting(store: RunStore, record: RunRecord, prior: list[Envelope]) -> None:
+    """Before a cancelled run resumes: its cancel denied the calls still waiting, unless the
+    store failed then (`deny_waiting`); the resumed speakers hear they were denied either
+    way, never a person's later approval."""
+    if record.status is RunStatus.CANCELLED and any(
+        isinstance(e.event, PermissionRequired) for e in prior
+    ):
+        await cancel_waiting(store, record.tenant, record.run_id)
 
 
 async def cancel_waiting(store: RunStore, tenant: str, run_id: str) -> None:

@@ -19,15 +19,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from roundtable.domain.errors import (
-    Draining,
-    RunNotFound,
-    StreamGap,
-)
+from roundtable.domain.errors import Draining, RunNotFound, StreamGap
 from roundtable.domain.events import Envelope
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.directives import classify, words_hash
-from roundtable.runs.approvals import Approvals
+from roundtable.runs.approvals import Approvals, deny_left_waiting
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.decisions import StartAction, decide_start
 from roundtable.runs.execution import Executor, Launch
@@ -274,6 +270,7 @@ class RunManager:
                     record, prior[-1].seq, retryable=True, owner=self.owner
                 )
             )
+        await deny_left_waiting(self.log.store, record, prior)
         # The log, not the registry, knows the last seq: a killed process never wrote its
         # final registry update.
         record.last_seq = prior[-1].seq if prior else 0
@@ -296,20 +293,18 @@ class RunManager:
             StreamGap: `after_seq` is past the run's last seq, or the log lost events.
         """
         live = self.registry.get(tenant, run_id)
+        record = live.record if live is not None else await self.log.store.get_run(tenant, run_id)
+        if record is None:
+            raise RunNotFound(run_id)
         if live is not None:
-            if after_seq > live.record.last_seq:
+            if after_seq > record.last_seq:
                 # As for a finished run: a seq the run never gave out is the caller's
                 # mistake (another run's seq, say), not something to wait for.
                 raise StreamGap(
-                    f"after_seq {after_seq} is past the run's last seq {live.record.last_seq}"
+                    f"after_seq {after_seq} is past the run's last seq {record.last_seq}"
                 )
             sub = await self._subscribe(live, after_seq=after_seq)
-            sub.thread_id = live.record.thread_id
-            return sub
-        record = await self.log.store.get_run(tenant, run_id)
-        if record is None:
-            raise RunNotFound(run_id)
-        if record.status in LEASED and record.leased_by_other(self.owner, time.time()):
+        elif record.status in LEASED and record.leased_by_other(self.owner, time.time()):
             sub = self.follower.follow(record, after_seq=after_seq)
         else:
             sub = await replay(self.log, record, after_seq=after_seq, strict=True)
