@@ -313,45 +313,6 @@ async def test_rate_limits_do_not_open_the_breaker() -> None:
     assert h.breakers.get("llm:fake:primary").state is BreakerState.CLOSED
 
 
-def rejected(status: int) -> ModelRejected:
-    error = ModelRejected(f"HTTP {status}")
-    error.http_status = status
-    return error
-
-
-async def test_an_answer_between_failures_starts_the_count_again_and_an_answered_probe_closes():
-    # Review: a 503, a tenant's 401, a 503 opened a breaker of threshold 2 for every
-    # tenant, though the server had answered in between; and a half-open probe that got a
-    # 4xx left the breaker half-open. A request that never left is no answer.
-    now = [0.0]
-    unsent = ModelRejected("the request could not be sent")
-    provider = FlakyProvider(
-        {"primary": [ModelUnavailable("HTTP 503"), rejected(401), ModelUnavailable("HTTP 503")]}
-    )
-    h = Harness(
-        {"fake": provider},
-        policy=HarnessPolicy(retry=RetryPolicy(max_retries=0)),
-        breakers=BreakerBoard(
-            BreakerPolicy(failure_threshold=2, cooldown_s=30.0), clock=lambda: now[0]
-        ),
-    )
-    breaker = h.breakers.get(PRIMARY.breaker_key)
-    for error in (ModelUnavailable, ModelRejected, ModelUnavailable):
-        with pytest.raises(error):
-            await h.call(request())
-    assert breaker.state is BreakerState.CLOSED
-    provider.script["primary"] = [unsent, ModelUnavailable("HTTP 503")]
-    for error in (ModelRejected, ModelUnavailable):
-        with pytest.raises(error):
-            await h.call(request())
-    assert breaker.state is BreakerState.OPEN
-    now[0] += 31.0
-    provider.script["primary"] = [rejected(403)]
-    with pytest.raises(ModelRejected):
-        await h.call(request())
-    assert breaker.state is BreakerState.CLOSED
-
-
 @pytest.mark.parametrize(
     ("base_url", "key"),
     [

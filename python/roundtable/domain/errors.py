@@ -239,9 +239,6 @@ class ToolError(RoundtableError):
     code: ClassVar[str] = "TOOL_ERROR"
     attempts: int = 1
     """Attempts this error ended (the retry layer sets it when it gives up)."""
-    answered: bool = False
-    """The tool server answered (an HTTP status or a JSON-RPC error): it is up, whatever
-    the call's fault. False when the call never reached it or got no answer."""
 
 
 class ToolTimeout(ToolError):

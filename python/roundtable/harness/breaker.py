@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from enum import StrEnum
 
-from roundtable.harness.policies import BreakerPolicy, is_answer, is_system_failure
+from roundtable.harness.policies import BreakerPolicy, is_system_failure
 
 StateListener = Callable[[str, "BreakerState"], None]
 """Told (target, new state) on every change; metrics hook here."""
@@ -81,8 +81,7 @@ class CircuitBreaker:
             self._set(BreakerState.CLOSED)
 
     def on_failure(self, error: BaseException, *, probe: int = 0) -> None:
-        """A call failed; only system failures count towards opening, and an answer that is
-        no success (`is_answer`) counts as the target's being up. A call that is not the
+        """A call failed; only system failures count towards opening. A call that is not the
         current probe failing while the breaker is not closed (let through before it opened,
         or an earlier spell's probe) tells nothing new: it neither frees the probe's slot nor
         opens the breaker again."""
@@ -91,12 +90,6 @@ class CircuitBreaker:
             return
         self._probing = False
         if not is_system_failure(error):
-            if is_answer(error):
-                # The target answered (a tenant's bad request or quota): the failures
-                # before this one were not consecutive, and a probe saw it is back.
-                self._failures = 0
-                if self.state is BreakerState.HALF_OPEN:
-                    self._set(BreakerState.CLOSED)
             return
         self._failures += 1
         if self.state is BreakerState.HALF_OPEN or self._failures >= self.policy.failure_threshold:

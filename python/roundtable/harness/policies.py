@@ -6,7 +6,6 @@ import random
 from dataclasses import dataclass, field
 
 from roundtable.domain.errors import (
-    InvalidModelOutput,
     ModelError,
     ModelRateLimited,
     ModelTimeout,
@@ -144,14 +143,3 @@ def is_system_failure(error: BaseException) -> bool:
     if isinstance(error, ModelTimeout | ToolTimeout) and error.callers_deadline:
         return False
     return is_transient(error) and not isinstance(error, ModelRateLimited | ToolRateLimited)
-
-
-def is_answer(error: BaseException) -> bool:
-    """Whether the target answered, though not with a success: a 4xx or 429 from a model
-    server, a model's reply of the wrong shape, an HTTP status or JSON-RPC error from a tool
-    server. It is up, so a breaker's count of consecutive failures starts again. A request
-    that never left (`ModelRejected` of a header we could not send) tells nothing.
-    """
-    if isinstance(error, ModelError):
-        return 400 <= error.http_status < 500 or isinstance(error, InvalidModelOutput)
-    return isinstance(error, ToolError) and error.answered

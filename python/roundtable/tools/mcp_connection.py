@@ -99,9 +99,26 @@ def tool_error(exc: BaseException) -> ToolError:
     """What an exception from the SDK or its HTTP client means, in our own words only (a
     server's message may echo the arguments): never its text, at most its type or code."""
     if isinstance(exc, MCPError):
-        error = _server_error(exc)
-        error.answered = not isinstance(error, ConnectionLost | ToolTimeout)
-        return error
+        data = exc.data
+        status = data.get(HTTP_STATUS_KEY) if isinstance(data, dict) else None
+        if isinstance(status, int):
+            return _http_error(status)
+        code = exc.code
+        if code == mcp_types.CONNECTION_CLOSED:
+            return ConnectionLost("connection closed")
+        if code == mcp_types.REQUEST_TIMEOUT:
+            return ToolTimeout("no answer within the tool's timeout")
+        if code == mcp_types.INVALID_REQUEST and exc.message == "Session terminated":
+            return SessionExpired("session terminated (HTTP 404)")
+        if code in (mcp_types.INTERNAL_ERROR, mcp_types.PARSE_ERROR):
+            return ToolUnavailable(f"JSON-RPC error {code}")
+        if code in (
+            mcp_types.METHOD_NOT_FOUND,
+            mcp_types.INVALID_PARAMS,
+            mcp_types.INVALID_REQUEST,
+        ):
+            return ToolRejected(f"JSON-RPC error {code}")
+        return ToolError(f"JSON-RPC error {code}")
     if isinstance(exc, httpx2.LocalProtocolError):
         # Our own request could not be sent (a token a header cannot carry): not the
         # server's health, which the breaker shared by every tenant counts.
@@ -113,32 +130,6 @@ def tool_error(exc: BaseException) -> ToolError:
         # says why better than the group.
         return tool_error(exc.exceptions[0])
     return ToolError(f"MCP client raised {type(exc).__name__}")
-
-
-def _server_error(exc: MCPError) -> ToolError:
-    """The error an MCP error stands for: an HTTP status the transport put in its data, or
-    the JSON-RPC error the server answered with (or the client's own code for a closed
-    connection or a timeout)."""
-    data = exc.data
-    status = data.get(HTTP_STATUS_KEY) if isinstance(data, dict) else None
-    if isinstance(status, int):
-        return _http_error(status)
-    code = exc.code
-    if code == mcp_types.CONNECTION_CLOSED:
-        return ConnectionLost("connection closed")
-    if code == mcp_types.REQUEST_TIMEOUT:
-        return ToolTimeout("no answer within the tool's timeout")
-    if code == mcp_types.INVALID_REQUEST and exc.message == "Session terminated":
-        return SessionExpired("session terminated (HTTP 404)")
-    if code in (mcp_types.INTERNAL_ERROR, mcp_types.PARSE_ERROR):
-        return ToolUnavailable(f"JSON-RPC error {code}")
-    if code in (
-        mcp_types.METHOD_NOT_FOUND,
-        mcp_types.INVALID_PARAMS,
-        mcp_types.INVALID_REQUEST,
-    ):
-        return ToolRejected(f"JSON-RPC error {code}")
-    return ToolError(f"JSON-RPC error {code}")
 
 
 def _http_error(status: int) -> ToolError:
@@ -263,9 +254,7 @@ class McpConnection:
         session = self._session
         if session is None or self.broken:
             failure = self._failure or ConnectionLost("connection closed")
-            error = type(failure)(failure.detail)
-            error.answered = failure.answered
-            raise error
+            raise type(failure)(failure.detail)
         return session
 
     async def call(self, ref: ToolCallRef, *, timeout_s: float) -> ToolResult:
