@@ -313,6 +313,30 @@ async def test_rate_limits_do_not_open_the_breaker() -> None:
     assert h.breakers.get("llm:fake:primary").state is BreakerState.CLOSED
 
 
+async def test_one_tenants_rejections_between_failures_do_not_keep_the_breaker_closed() -> None:
+    # Considered and not kept (session 20): letting a 4xx restart the count of failures in
+    # a row. A server's auth layer answers 401 while its inference is down, so one tenant
+    # with a revoked key would keep the shared breaker closed for every tenant (review).
+    def rejected() -> ModelRejected:
+        error = ModelRejected("HTTP 401")
+        error.http_status = 401
+        return error
+
+    provider = FlakyProvider(
+        {"primary": [ModelUnavailable("HTTP 503"), rejected(), ModelUnavailable("HTTP 503")]}
+    )
+    h = Harness(
+        {"fake": provider},
+        policy=HarnessPolicy(
+            retry=RetryPolicy(max_retries=0), breaker=BreakerPolicy(failure_threshold=2)
+        ),
+    )
+    for error in (ModelUnavailable, ModelRejected, ModelUnavailable):
+        with pytest.raises(error):
+            await h.call(request())
+    assert h.breakers.get(PRIMARY.breaker_key).state is BreakerState.OPEN
+
+
 @pytest.mark.parametrize(
     ("base_url", "key"),
     [

@@ -89,6 +89,9 @@ class CircuitBreaker:
         if self.state is not BreakerState.CLOSED and not self._is_current(probe):
             return
         self._probing = False
+        # A rejection (4xx) neither counts nor restarts the count: a server's auth layer
+        # answers while its inference is down, so one tenant with a revoked key would
+        # keep the breaker every tenant shares from ever opening.
         if not is_system_failure(error):
             return
         self._failures += 1
