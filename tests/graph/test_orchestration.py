@@ -222,6 +222,39 @@ async def test_supervisor_plan_is_followed(start_server) -> None:
     assert [s.task for s in model.seen if s.member] == ["Question the premise.", "Summarise."]
 
 
+async def test_a_plans_unusable_token_budgets_are_left_unset_or_cut_not_the_plan(
+    start_server,
+) -> None:
+    # Review: SmolLM2 on llama-server wrote token_budget 0 and 1000 (over the session's
+    # 512): either threw the whole plan away, and the discussion fell back to one member.
+    answer = {
+        "steps": [
+            {"member_id": "c", "task": "Question it.", "token_budget": 0},
+            {"member_id": "b", "task": "Add one point.", "token_budget": 1000},
+            {"member_id": "a", "task": "Summarise.", "token_budget": "lots"},
+            {"member_id": "d", "task": "Close.", "token_budget": 40},
+        ],
+        "converged": True,
+    }
+    model = ScriptedProvider(
+        reply=lambda call, attempt: "ok",
+        plan=_director([SupervisorPlan.model_validate_json(json.dumps(answer))]),
+    )
+    request = start_request("what is the best tea?", default_model=model_ref("scripted", "d"))
+    request.snapshot.session.budgets.max_output_tokens = 512
+    async with start_server(providers={"scripted": model}) as server:
+        events = await run(server.address, request)
+    plan = of_kind(events, "plan_created")[0].plan_created
+    assert plan.source == epb.PLAN_SOURCE_SUPERVISOR, plan.fallback_reason
+    assert [(s.member_id, s.token_budget) for s in plan.steps] == [
+        ("c", 512),
+        ("b", 512),
+        ("a", 512),
+        ("d", 40),
+    ]
+    assert [f.member_id for f in finals(events)] == ["c", "b", "a", "d"]
+
+
 async def test_supervisor_rounds_until_converged_within_budget(start_server) -> None:
     model = ScriptedProvider(
         reply=lambda call, attempt: "ok",

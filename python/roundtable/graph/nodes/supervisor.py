@@ -13,7 +13,14 @@ from __future__ import annotations
 import asyncio
 
 from langgraph.runtime import Runtime
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from roundtable.domain import prompt_sections
 from roundtable.domain.errors import InvalidModelOutput, ModelError
@@ -38,13 +45,25 @@ class SupervisorStep(BaseModel):
     member_id: str = Field(description="Id of a member from the roster.", max_length=128)
     task: str = Field(min_length=1, max_length=2000, description="What this member should do.")
     token_budget: int | None = Field(
-        default=None, ge=1, description="Output tokens this speaker may use."
+        default=None, description="Output tokens this speaker may use (optional)."
     )
     builds_on_previous: bool = Field(
         default=False,
         description="True when this speaker should react to the replies before it in this "
         "round (it then waits for them); false when it can answer independently.",
     )
+
+    @field_validator("token_budget", mode="wrap")
+    @classmethod
+    def _unset_when_unusable(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        """A budget that is no positive whole number is left unset (the session's limit),
+        not a reason to drop the whole plan: a real model wrote 0 and 1000 (review); one
+        past the session's limit is cut to it where the plan is followed."""
+        try:
+            budget = handler(value)
+        except ValidationError:
+            return None
+        return budget if budget is None or budget >= 1 else None
 
 
 class SupervisorPlan(BaseModel):
@@ -74,9 +93,6 @@ def check_plan(plan: SupervisorPlan, snapshot: Snapshot, *, speakers_left: int) 
         return "invalid_plan: duplicate member " + ", ".join(t[:64] for t in twice[:3])
     if len(plan.steps) > speakers_left:
         return f"invalid_plan: {len(plan.steps)} speakers over a budget of {speakers_left}"
-    limit = snapshot.session.budgets.max_output_tokens
-    if any(s.token_budget is not None and s.token_budget > limit for s in plan.steps):
-        return f"invalid_plan: token budget over {limit}"
     return ""
 
 
@@ -111,9 +127,8 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
     plan, reason, usage = await _ask(ctx, state.get("replies", []), speakers_left, round_no)
     if plan is not None and not reason:
         source = PlanSource.SUPERVISOR
-        chosen = [
-            (s.member_id, s.task, s.token_budget or budgets.max_output_tokens) for s in plan.steps
-        ]
+        limit = budgets.max_output_tokens
+        chosen = [(s.member_id, s.task, min(s.token_budget or limit, limit)) for s in plan.steps]
         builds_on = [s.builds_on_previous for s in plan.steps]
         converged = plan.converged
     else:
