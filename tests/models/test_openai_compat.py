@@ -237,6 +237,25 @@ async def test_a_server_down_for_json_mode_too_is_unavailable_and_not_remembered
         ]
 
 
+@pytest.mark.parametrize("status", [502, 503, 504])
+async def test_a_server_not_ready_for_a_schema_call_is_unavailable_not_a_refusal(
+    status: int,
+) -> None:
+    # Review: a 503 to a schema call was taken for a refusal of the schema: the call went
+    # again at once in JSON mode, and the target's structured calls lost the schema for
+    # ten minutes, every tenant's.
+    async with OpenAITestServer() as server:
+        server.script(Fail(status=status), Reply(text='{"score": 4, "reason": "back"}'))
+        provider = build_openai_provider()
+        call = _call(schema=Verdict)
+        with pytest.raises(ModelUnavailable):
+            await provider.complete(_target(server), call, api_key=API_KEY, on_text=None)
+        result = await provider.complete(_target(server), call, api_key=API_KEY, on_text=None)
+    assert result.parsed == Verdict(score=4, reason="back")
+    formats = [r.body["response_format"]["type"] for r in server.requests]
+    assert formats == ["json_schema", "json_schema"]
+
+
 @pytest.mark.parametrize(
     ("status", "error"),
     [

@@ -350,9 +350,14 @@ def _asking(kwargs: dict[str, Any], call: ChatCall, form: StructuredForm) -> dic
 
 
 def _schema_refusal(error: ModelError | None) -> ModelError | None:
-    """The error, when it is the server answering the schema request with an HTTP error
-    status (a 4xx or a 5xx: llama.cpp answers a schema its grammar cannot take with 500),
-    so JSON mode is worth a try; None for timeouts, 429s and unreachable servers."""
-    if isinstance(error, ModelRejected | ModelUnavailable) and error.http_status:
+    """The error, when it is the server answering the schema request with a status that
+    may mean "not this schema" (a 4xx, or 500 and 501: llama.cpp answers a schema its
+    grammar cannot take with 500), so JSON mode is worth a try; None for timeouts, 429s,
+    unreachable servers and a server saying "not now" (502-504, 409, 425): remembered as
+    a refusal, one outage took the schema from every tenant's calls for ten minutes
+    (review)."""
+    if isinstance(error, ModelRejected) and error.http_status:
+        return error
+    if isinstance(error, ModelUnavailable) and error.http_status in (500, 501):
         return error
     return None
