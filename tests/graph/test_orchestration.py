@@ -486,6 +486,46 @@ def test_the_same_memory_proposed_twice_is_one_proposal_citing_both() -> None:
     assert only.evidence_reply_ids == ("r#0", "r#1") and only.importance == 0.7
 
 
+def test_a_proposal_is_kept_only_when_it_changes_a_memory_the_gateway_can_send_back() -> None:
+    # Outside testing: "记住" + 1,500 CJK characters was proposed (4,500 bytes), and the
+    # gateway that kept it had every later turn refused (a memory holds 4 KiB); a memory
+    # the member had already, an update to the same words and "：" were proposed too.
+    request = start_request("hi")
+    request.snapshot.members[0].memories.add(memory_id="m1", content="likes green tea")
+    snapshot = run_request_from_proto(request, limits=RequestLimits(), defaults=Budgets()).snapshot
+    replies = [{"reply_id": "r#0", "member_id": "a", "content": "x", "failed": False}]
+
+    def proposed(action: str, content: str = "", target: str = "") -> ProposedMemory:
+        return ProposedMemory(
+            member_id="a",
+            action=action,  # type: ignore[arg-type]
+            content=content,
+            target_memory_id=target,
+            evidence_reply_ids=["r#0"],
+        )
+
+    kept = accept(
+        [
+            proposed("create", "茶" * 1_366),  # 4,098 bytes
+            proposed("create", "："),
+            proposed("create", " likes green tea "),
+            proposed("update", "likes green tea", "m1"),
+            proposed("forget", target="m2"),
+            proposed("create", "茶" * 1_365),  # 4,095 bytes: fits
+            proposed("update", "likes oolong", "m1"),
+            proposed("forget", target="m1"),
+        ],
+        snapshot,
+        replies,  # type: ignore[arg-type]
+        "r",
+    )
+    assert [(p.action.value, p.content[:3], p.target_memory_id) for p in kept] == [
+        ("create", "茶茶茶", ""),
+        ("update", "lik", "m1"),
+        ("forget", "", "m1"),
+    ]
+
+
 def test_a_proposal_that_does_not_fit_its_schema_costs_only_itself() -> None:
     # Review: one proposal out of range (an importance of 1.5, a content over 4,000
     # characters) failed the whole answer, and the turn proposed nothing.

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from roundtable.domain.flags import flag
 from roundtable.domain.snapshot import (
     MAX_APPROVAL_TIMEOUT_S,
+    MAX_MEMORY_BYTES,
     MAX_OUTPUT_TOKENS,
     MAX_PARALLEL_SPEAKERS,
     MAX_ROUNDS,
@@ -49,7 +50,7 @@ class RequestLimits:
     max_skills: int = 32
     max_skill_bytes: int = 8 * KIB
     max_memories: int = 1_000
-    max_memory_bytes: int = 4 * KIB
+    max_memory_bytes: int = MAX_MEMORY_BYTES
     max_mentions: int = 64
     max_fallbacks: int = 4
     max_model_timeout_ms: int = 600_000

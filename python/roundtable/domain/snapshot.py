@@ -160,6 +160,9 @@ MAX_PARALLEL_SPEAKERS = 16
 MAX_TOOL_CALLS_PER_SPEAKER = 32
 MAX_APPROVAL_TIMEOUT_S = 2_592_000
 """30 days."""
+MAX_MEMORY_BYTES = 4 * 1024
+"""A memory's content in UTF-8; what Roundtable proposes fits it, so a gateway can send a
+kept proposal back in the next snapshot."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -415,7 +415,7 @@ func (MemoryAction) EnumDescriptor() ([]byte, []int) {
 // always replay and re-attach. A reply's content is at most 64 characters per
 // token of its budget and never more than 262,144 characters (1 MiB in
 // UTF-8); a delta holds at most RunOptions' delta cap; a MemoryProposed holds
-// at most 32 proposals of at most 4,000 characters each; a plan's task is at
+// at most 32 proposals of at most 4,000 characters (4 KiB) each; a plan's task is at
 // most 2,000 characters. Model output past a bound is not read.
 type RunEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1509,7 +1509,10 @@ type MemoryProposal struct {
 	// The memory to update or forget (a Memory.memory_id of the snapshot);
 	// empty for CREATE.
 	TargetMemoryId string `protobuf:"bytes,4,opt,name=target_memory_id,json=targetMemoryId,proto3" json:"target_memory_id,omitempty"`
-	// The memory's new text; empty for FORGET.
+	// The memory's new text; empty for FORGET. At most 4,000 characters and
+	// 4 KiB in UTF-8, so it fits Memory.content in the next snapshot; never
+	// blank or punctuation alone, never a memory the member has already, never
+	// an update to the words the memory holds.
 	Content string `protobuf:"bytes,5,opt,name=content,proto3" json:"content,omitempty"`
 	// Suggested importance, 0 to 1.
 	Importance float32 `protobuf:"fixed32,6,opt,name=importance,proto3" json:"importance,omitempty"`

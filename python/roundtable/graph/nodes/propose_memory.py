@@ -29,7 +29,7 @@ from roundtable.domain import prompt_sections
 from roundtable.domain.errors import ModelError
 from roundtable.domain.events import MemoryAction, MemoryProposal, MemoryProposed
 from roundtable.domain.plan import DirectiveKind
-from roundtable.domain.snapshot import Snapshot
+from roundtable.domain.snapshot import MAX_MEMORY_BYTES, Member, Snapshot
 from roundtable.graph.context import GraphContext
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import memory_messages
@@ -109,13 +109,7 @@ def accept(
         evidence = tuple(
             dict.fromkeys(e for e in p.evidence_reply_ids if e in reply_ids or e == "user")
         )
-        if member is None or not evidence:
-            continue
-        if p.action != "create" and p.target_memory_id not in {
-            m.memory_id for m in member.memories
-        }:
-            continue
-        if p.action != "forget" and not p.content.strip():
+        if member is None or not evidence or not _changes(p, member):
             continue
         key = (p.member_id, p.action, p.target_memory_id, p.content.strip())
         if key in same:
@@ -139,6 +133,23 @@ def accept(
             )
         )
     return tuple(out)
+
+
+def _changes(p: ProposedMemory, member: Member) -> bool:
+    """Whether the proposal would change what the member remembers, in a memory the
+    gateway can send back: forgetting or updating one it has (not to the same words),
+    creating one it does not have; content with a letter or a digit in it (not "：") and
+    no longer than a memory may be (`MAX_MEMORY_BYTES`: 4,000 CJK characters are 12 KB,
+    and the next turn that sent it back was refused, review)."""
+    current = {m.memory_id: m.content.strip() for m in member.memories}
+    content = p.content.strip()
+    if p.action == "forget":
+        return p.target_memory_id in current
+    if not any(ch.isalnum() for ch in content) or len(content.encode()) > MAX_MEMORY_BYTES:
+        return False
+    if p.action == "update":
+        return current.get(p.target_memory_id, content) != content
+    return content not in current.values()
 
 
 def nothing_to_remember(state: ConversationState, ctx: GraphContext) -> bool:

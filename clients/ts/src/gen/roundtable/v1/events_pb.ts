@@ -29,7 +29,7 @@ export const file_roundtable_v1_events: GenFile = /*@__PURE__*/
  * always replay and re-attach. A reply's content is at most 64 characters per
  * token of its budget and never more than 262,144 characters (1 MiB in
  * UTF-8); a delta holds at most RunOptions' delta cap; a MemoryProposed holds
- * at most 32 proposals of at most 4,000 characters each; a plan's task is at
+ * at most 32 proposals of at most 4,000 characters (4 KiB) each; a plan's task is at
  * most 2,000 characters. Model output past a bound is not read.
  *
  * @generated from message roundtable.v1.RunEvent
@@ -710,7 +710,10 @@ export type MemoryProposal = Message<"roundtable.v1.MemoryProposal"> & {
   targetMemoryId: string;
 
   /**
-   * The memory's new text; empty for FORGET.
+   * The memory's new text; empty for FORGET. At most 4,000 characters and
+   * 4 KiB in UTF-8, so it fits Memory.content in the next snapshot; never
+   * blank or punctuation alone, never a memory the member has already, never
+   * an update to the words the memory holds.
    *
    * @generated from field: string content = 5;
    */
