@@ -74,6 +74,29 @@ def _missing_credential() -> pb.StartRunRequest:
     )
 
 
+def _empty_credential() -> pb.StartRunRequest:
+    # Outside testing: it went out as the provider's placeholder key and failed late (401).
+    return start_request(
+        "hello",
+        members=[
+            member("a", "Alice"),
+            member("b", "Bob", model=model_ref("openai", "gpt", credential_ref="vault-b")),
+        ],
+        credentials={"vault-b": ""},
+    )
+
+
+def _invisible_text() -> pb.StartRunRequest:
+    # Outside testing: zero-width spaces alone started (and stored) a run.
+    return start_request("\u200b\ufeff \u2060")
+
+
+def _long_skill_name() -> pb.StartRunRequest:
+    request = start_request("hello")
+    request.snapshot.members[0].skills.add(skill_id="s", name="x" * 1_025)
+    return request
+
+
 def _credentials_no_header_can_carry() -> pb.StartRunRequest:
     # Outside testing: a key with a newline failed at the model server's door as if the
     # server were down, and opened the breaker that server's every tenant shares.
@@ -151,6 +174,21 @@ CASES: list[tuple[str, Callable[[], pb.StartRunRequest], dict[str, str]]] = [
         "credential_ref not in credentials",
         _missing_credential,
         {"snapshot.members[1].model.target.credential_ref": "names no entry of credentials"},
+    ),
+    (
+        "an empty credential",
+        _empty_credential,
+        {"snapshot.members[1].model.target.credential_ref": "names an empty credential"},
+    ),
+    (
+        "text of invisible characters alone",
+        _invisible_text,
+        {"snapshot.user_turn.text": "is required unless mentions"},
+    ),
+    (
+        "a skill name over 1 KiB",
+        _long_skill_name,
+        {"snapshot.members[0].skills[0].name": "at most 1024 bytes"},
     ),
     (
         "credentials no HTTP header can carry",

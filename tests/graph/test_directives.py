@@ -16,6 +16,7 @@ from roundtable.domain.snapshot import (
     Snapshot,
     UserTurn,
 )
+from roundtable.domain.words import simplified
 from roundtable.graph import tasks
 from roundtable.graph.countoff import check_count_off, count_off_task
 from roundtable.graph.directives import (
@@ -28,6 +29,7 @@ from roundtable.graph.directives import (
     words_hash,
 )
 from roundtable.graph.memory_select import memory_query, select_memories
+from roundtable.models.offline_script import NOT_A_STATEMENT, PREFER, REMEMBER
 from support.bounded import call_bounded
 
 ROSTER = (
@@ -322,6 +324,88 @@ def test_long_or_hostile_text_is_never_a_command() -> None:
     assert classify(snap("@nobody " * 4_000 + "@Bob")).kind is DirectiveKind.OPEN, (
         "only the first @-words are read"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # Outside testing: each was an open discussion (its simplified twin is a directive).
+        ("大家報數", DirectiveKind.COUNT_OFF),
+        ("報數！", DirectiveKind.COUNT_OFF),
+        ("繼續", DirectiveKind.CONTINUE),
+        ("接著說", DirectiveKind.CONTINUE),
+        ("別說了", DirectiveKind.STOP),
+        ("停下來", DirectiveKind.STOP),
+        ("請停止", DirectiveKind.STOP),
+        ("@全體成員 你好", DirectiveKind.ALL),
+        ("好的，麻煩報個數", DirectiveKind.COUNT_OFF),
+    ],
+)
+def test_directives_in_traditional_characters(text: str, kind: DirectiveKind) -> None:
+    assert classify(snap(text)).kind is kind
+
+
+_SAME_IN_BOTH_SCRIPTS = set(
+    "一上下不了人以你位住用要停全去可各吧呀呃哦啦喂喜嗯嘿噢在大好家就成我所打接是更有止然的行那都麻"
+)
+
+
+def test_every_rule_word_reads_in_traditional_characters() -> None:
+    # Every CJK character of a rule's word is the same in both scripts or has its
+    # traditional twin in `words.simplified`: a word added with a new character must say
+    # which (the test's list, or the table).
+    rows = (*FILLERS, *EVERYONE, *REMEMBER, *PREFER, *NOT_A_STATEMENT)
+    rows += tuple(r for rows_ in COMMANDS.values() for r in rows_)
+    characters = {ch for _, chinese in rows for word in chinese for ch in word if is_cjk(ch)}
+    mapped = set(simplified("個麼們體別勞後員對報數來歡沒煩現著繼續記說請問題馬駕"))
+    assert characters - _SAME_IN_BOTH_SCRIPTS - mapped == set()
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "members"),
+    [
+        # Outside testing: a command's length counted the name before it, so with a long
+        # name "@<name> 停止" stopped and "@<name> stop" did not.
+        ("@Wolfgang Amadeus Mozart of Salzburg and Vienna the Second stop", "stop", ()),
+        ("@Wolfgang Amadeus Mozart of Salzburg and Vienna the Second count off", "count", "w"),
+        # Invisible format characters pasted with a command, or inside a mention.
+        ("\u200b停止", "stop", ()),
+        ("\ufeffcount off", "count", "w"),
+        ("stop\u2060", "stop", ()),
+        ("\u200e继续\u200f", "continue", ()),
+        ("@\u200bBob hi", "mention", ("b",)),
+        ("@Ann  Lee hi", "mention", ("l",)),
+        ("@Ann\nLee hi", "mention", ("l",)),
+        ("@Mei hi", "mention", ("m",)),  # a display name with spaces around it
+        ("@Bob_ hi", "open", ()),  # a handle that goes on past the name
+    ],
+)
+def test_long_names_invisible_characters_and_spaces_around_names(text, kind, members) -> None:
+    roster = (
+        *ROSTER,
+        Member(
+            member_id="w", display_name="Wolfgang Amadeus Mozart of Salzburg and Vienna the Second"
+        ),
+        Member(member_id="l", display_name="Ann Lee"),
+        Member(member_id="n", display_name="Ann"),
+        Member(member_id="m", display_name=" Mei "),
+    )
+    snapshot = replace(snap(text), members=roster)
+    directive = classify(snapshot)
+    expected = {
+        "stop": DirectiveKind.STOP,
+        "continue": DirectiveKind.CONTINUE,
+        "count": DirectiveKind.COUNT_OFF,
+        "mention": DirectiveKind.MENTION,
+        "open": DirectiveKind.OPEN,
+    }[kind]
+    assert directive.kind is expected
+    if kind == "mention":
+        assert directive.member_ids == members
+
+
+def test_a_command_after_mentions_longer_than_the_leading_allowance_is_text() -> None:
+    assert classify(snap("@Bob " * 300 + "stop")).kind is DirectiveKind.MENTION
 
 
 # -- fillers: one table per language, the same coverage ------------------------------------

@@ -164,6 +164,31 @@ def test_a_question_is_no_memory_in_either_language(text: str) -> None:
     assert remembered(f"{text} I like tea.") == ["I like tea"]
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Outside testing: each was proposed as a memory.
+        "don't remember that I live in Paris",
+        "不要记住我住在巴黎",
+        "Never remember my PIN",
+        "别记住我的密码",
+        "Do you remember my cat",
+        "你记住我的猫了吗",
+        "你有没有记住我的猫",
+        "我喜欢吗",
+    ],
+)
+def test_a_negation_or_a_question_without_its_mark_is_no_memory_in_either_language(
+    text: str,
+) -> None:
+    assert remembered(text) == []
+
+
+def test_a_cue_in_traditional_characters_keeps_the_fact_as_written() -> None:
+    assert remembered("記住我住在巴黎") == ["我住在巴黎"]
+    assert remembered("我喜歡烏龍茶") == ["我喜歡烏龍茶"]
+
+
 def test_every_memory_cue_has_both_languages() -> None:
     for english, chinese in (*REMEMBER, *PREFER):
         assert english and chinese, f"{english or chinese} has no twin in the other language"

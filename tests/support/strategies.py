@@ -34,6 +34,7 @@ import random
 import re
 import string
 import struct
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -68,6 +69,12 @@ def id_ok(value: str) -> bool:
 def blank(text: str) -> bool:
     """True when the text has nothing but whitespace (a required field is then missing)."""
     return not text.strip()
+
+
+def shows_nothing(text: str) -> bool:
+    """True when a user's text is white space and invisible format characters alone (the
+    contract counts it as no text)."""
+    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
 
 
 def float32(value: float) -> float:
@@ -761,7 +768,7 @@ def _user_turn(g: _Gen, snapshot: spb.Snapshot, ids: list[str]) -> None:
             g.bad(f"{path}.text", "text-over")
         else:
             # Blank, and sometimes blank and oversized at once (33,000 bytes of U+3000).
-            turn.text = g.pick("", " ", "\u3000\n", "\u2028", "\u3000" * 11_000)
+            turn.text = g.pick("", " ", "\u3000\n", "\u2028", "\u200b\ufeff", "\u3000" * 11_000)
             if not (turn.mentions or turn.mention_all):
                 g.bad(f"{path}.text", "text-blank")
             if len(turn.text.encode("utf-8")) > LIMITS.max_message_bytes:
@@ -771,7 +778,7 @@ def _user_turn(g: _Gen, snapshot: spb.Snapshot, ids: list[str]) -> None:
         g.tags.add("text-at-limit")
     else:
         turn.text = _turn_text(g, snapshot)
-        if blank(turn.text) and not (turn.mentions or turn.mention_all):
+        if shows_nothing(turn.text) and not (turn.mentions or turn.mention_all):
             turn.text = "hello" + turn.text
         while len(turn.text.encode("utf-8")) > LIMITS.max_message_bytes:
             turn.text = turn.text[: len(turn.text) // 2]

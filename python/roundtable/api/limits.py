@@ -49,6 +49,7 @@ class RequestLimits:
     max_style_rule_bytes: int = 1 * KIB
     max_skills: int = 32
     max_skill_bytes: int = 8 * KIB
+    max_skill_name_bytes: int = 1 * KIB
     max_memories: int = 1_000
     max_memory_bytes: int = MAX_MEMORY_BYTES
     max_mentions: int = 64

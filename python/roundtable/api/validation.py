@@ -7,6 +7,7 @@ Field paths follow the proto field names (`snapshot.members[2].member_id`), the 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 
 from google.protobuf.message import DecodeError
@@ -38,6 +39,12 @@ def _header_safe(value: str) -> bool:
     return value.isascii() and value.isprintable() and value == value.strip()
 
 
+def _visible(text: str) -> bool:
+    """Whether `text` shows anything: more than white space and invisible format
+    characters (a text of zero-width spaces alone is no message: outside testing)."""
+    return any(not (ch.isspace() or unicodedata.category(ch) == "Cf") for ch in text)
+
+
 class _Collector:
     """Accumulates violations with the path they were found at."""
 
@@ -64,6 +71,10 @@ class _Collector:
         value = credentials.get(ref)
         if value is None:
             self.add(path, "names no entry of credentials")
+        elif not value:
+            # Outside testing: an empty key went out as the provider's placeholder, and the
+            # run failed late with the server's 401.
+            self.add(path, "names an empty credential")
         elif not _header_safe(value):
             # Never what it holds. Outside testing: a key with a newline failed at the
             # model server's door as if the server were down, which opened its breaker
@@ -247,7 +258,7 @@ def _snapshot(
         c.add("snapshot.user_turn", "is required")
     else:
         turn = snapshot.user_turn
-        if not (turn.text.strip() or turn.mentions or turn.mention_all):
+        if not (_visible(turn.text) or turn.mentions or turn.mention_all):
             c.add("snapshot.user_turn.text", "is required unless mentions or mention_all is set")
         c.text("snapshot.user_turn.text", turn.text, limits.max_message_bytes)
         c.count("snapshot.user_turn.mentions", len(turn.mentions), limits.max_mentions)
@@ -279,8 +290,7 @@ def _member(
     c.count(f"{path}.skills", len(member.skills), limits.max_skills)
     for j, skill in enumerate(member.skills):
         c.identifier(f"{path}.skills[{j}].skill_id", skill.skill_id)
-        if not skill.name.strip():
-            c.add(f"{path}.skills[{j}].name", "is required")
+        c.text(f"{path}.skills[{j}].name", skill.name, limits.max_skill_name_bytes, required=True)
         c.text(f"{path}.skills[{j}].instructions", skill.instructions, limits.max_skill_bytes)
     c.count(f"{path}.memories", len(member.memories), limits.max_memories)
     for j, memory in enumerate(member.memories):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import Member, MessageRole, SessionKind, Snapshot
-from roundtable.domain.words import EVERYONE, Twins, alternation
+from roundtable.domain.words import EVERYONE, Twins, alternation, simplified
 
 # A directive must stand alone as the user's instruction, not be buried in a sentence
 # about something else: "stop" but not "bus stop schedule?", "报数" but not "what does 报数
@@ -126,10 +126,20 @@ _LEADING_ALL = re.compile(rf"{_EDGE}@(?:{_words(EVERYONE)})(?!{_WORD_GOES_ON})")
 _LEADING_AT = re.compile(rf"{_EDGE}@")
 
 
+_INVISIBLE = re.compile("[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
+"""Format characters that show nothing (zero-width spaces and joiners, direction marks, a
+byte-order mark, a soft hyphen): pasted text carries them, and "\\u200b停止" is a stop."""
+_SPACES = re.compile(r"\s+")
+
+
 def fold(text: str) -> str:
     """Text as directives compare it: NFKC (full-width "＠张三" and "ｓｔｏｐ" as typed by
-    CJK input methods, composed accents) and case-folded."""
-    return unicodedata.normalize("NFKC", text).casefold()
+    CJK input methods, composed accents), without invisible format characters, each run of
+    white space one space ("@Ann  Lee" and "@Ann\\nLee" are "@Ann Lee"), traditional
+    characters of the rules' words simplified (`words.simplified`: "大家報數"), and
+    case-folded. Names are folded alike, so a mention matches whichever form was typed."""
+    text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
+    return simplified(_SPACES.sub(" ", text)).casefold()
 
 
 def is_cjk(char: str) -> bool:
@@ -176,8 +186,8 @@ class _Name:
         if self.is_id:
             # Ids are ASCII ([A-Za-z0-9._:-]): a CJK character can never go on one.
             return is_cjk(following) or not (following.isalnum() or following in "-_")
-        if not following.isalnum():
-            return True  # space, punctuation, "'s"
+        if not (following.isalnum() or following == "_"):
+            return True  # space, punctuation, "'s"; "@Mei_" is a handle that goes on
         return is_cjk(following) or is_cjk(self.text[-1])
 
 
@@ -187,7 +197,9 @@ def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
     unique ones), and between names and aliases the member first in the roster wins. A
     text that is an id and also a name (id "mei", name "Mei") ends like a name: a hyphen
     may follow it ("@Mei-chan")."""
-    spelled_as_name = {fold(spelled) for m in members for spelled in (m.display_name, *m.aliases)}
+    spelled_as_name = {
+        fold(spelled).strip() for m in members for spelled in (m.display_name, *m.aliases)
+    }
     names: dict[str, _Name] = {}
     spellings = itertools.chain(
         ((m.member_id, m.member_id, True) for m in members),
@@ -198,7 +210,7 @@ def _names(members: tuple[Member, ...]) -> dict[str, list[_Name]]:
         ),
     )
     for spelled, member_id, is_id in spellings:
-        folded = fold(spelled)
+        folded = fold(spelled).strip()  # " Mei " is @Mei
         if folded and folded not in names:
             names[folded] = _Name(folded, member_id, is_id and folded not in spelled_as_name)
     by_first: dict[str, list[_Name]] = {}
@@ -237,7 +249,11 @@ MAX_MENTION_TOKENS = 256
 
 MAX_COMMAND_CHARS = 64
 """A stop or continue is a short message of its own; longer text is never read as one (and
-the anchored patterns above never see more than this, whatever the user sends)."""
+the anchored patterns above never see more than this, whatever the user sends). Counted
+past the @mentions it opens with: "@<a 59-character name> stop" is a stop (outside
+testing: the cap counted the name, so the English twin of a Chinese stop was not one)."""
+MAX_LEADING_MENTION_CHARS = 1_024
+"""How much of a text the @mentions before a command may take (eight 128-character names)."""
 
 
 def mentioned_members(snapshot: Snapshot) -> tuple[str, ...]:
@@ -292,7 +308,10 @@ def _after_leading_mentions(text: str, roster: _Roster) -> str:
 def _command(raw: str, roster: _Roster) -> str:
     """`raw` folded, past the @mentions it opens with: where a command would be ("" for a
     text too long to be one)."""
-    return _after_leading_mentions(fold(raw), roster) if len(raw) <= MAX_COMMAND_CHARS else ""
+    if len(raw) > MAX_COMMAND_CHARS + MAX_LEADING_MENTION_CHARS:
+        return ""
+    command = _after_leading_mentions(fold(raw), roster)
+    return command if len(command) <= MAX_COMMAND_CHARS else ""
 
 
 def words_hash(text: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from roundtable.domain import prompt_sections as sections
-from roundtable.domain.words import EVERYONE, Twins, alternation
+from roundtable.domain.words import EVERYONE, Twins, alternation, simplified
 
 # The count-off task as graph/countoff.count_off_task writes it, from its start: a user's
 # question about "number 7" that a supervisor puts in a task is no count-off.
@@ -156,15 +156,34 @@ def _plan(roster: list[dict[str, Any]], text: str, *, bad: bool, max_steps: int)
 
 def remembered(text: str) -> list[str]:
     """What the offline model proposes to remember from the user's text, in order: what
-    a statement says, not a question ("Do you remember my cat?", "记住我的猫了吗？")."""
-    return [
-        (m.group(1) or m.group(2)).strip()
-        for m in _EXPLICIT_MEMORY.finditer(text)
-        if text[m.end() : m.end() + 1] not in _QUESTION_MARKS
-    ]
+    a statement says, not a question ("Do you remember my cat?", "你记住我的猫了吗"), nor what
+    it asks to be kept out ("don't remember that ...", "不要记住..."). Read in simplified
+    characters too ("記住", "我喜歡"); what it keeps is the text as written."""
+    read = simplified(text)
+    kept = []
+    for m in _EXPLICIT_MEMORY.finditer(read):
+        group = 1 if m.group(1) is not None else 2
+        if read[m.end() : m.end() + 1] in _QUESTION_MARKS or _NOT_A_STATEMENT.search(
+            read, 0, m.start()
+        ):
+            continue
+        if m.group(group).rstrip().endswith(_QUESTION_PARTICLES):
+            continue
+        kept.append(text[m.start(group) : m.end(group)].strip())
+    return kept
 
 
 _QUESTION_MARKS = ("?", "？")
+_QUESTION_PARTICLES = ("吗", "么")
+"""A Chinese sentence that ends so asks ("你记住我的猫了吗"), as "do you" starts one."""
+NOT_A_STATEMENT: Twins = (
+    (("don't", "do not", "never"), ("不要", "不用", "别")),
+    (("do you", "did you"), ("你有没有",)),
+)
+"""Words right before a cue that make it no request to remember: a negation or a question."""
+_NOT_A_STATEMENT = re.compile(
+    rf"(?:{alternation(NOT_A_STATEMENT, _as_words)})\s*(?:please\s+|请)?$", re.IGNORECASE
+)
 
 
 def _memories(turn: dict[str, Any]) -> dict[str, Any]:

@@ -553,8 +553,8 @@ type ToolServer struct {
 	Url string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
 	// The key of StartRunRequest.credentials holding a bearer token sent as
 	// "Authorization: Bearer <token>". Optional; when set it must be present in
-	// that map, and the token must be one an HTTP header can carry (visible
-	// ASCII, spaces only inside). The token never reaches state, checkpoints,
+	// that map, and the token must be one an HTTP header can carry (not empty,
+	// visible ASCII, spaces only inside). The token never reaches state, checkpoints,
 	// events, logs or spans.
 	CredentialRef string `protobuf:"bytes,3,opt,name=credential_ref,json=credentialRef,proto3" json:"credential_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -935,7 +935,7 @@ type ModelTarget struct {
 	BaseUrl string `protobuf:"bytes,3,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
 	// The key of StartRunRequest.credentials holding this target's API key.
 	// Optional; when set it must be present in that map, and the key must be one
-	// an HTTP header can carry (visible ASCII, spaces only inside).
+	// an HTTP header can carry (not empty, visible ASCII, spaces only inside).
 	CredentialRef string `protobuf:"bytes,4,opt,name=credential_ref,json=credentialRef,proto3" json:"credential_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1014,7 +1014,8 @@ type Member struct {
 	// nowhere else (never into events, logs or spans). At most 16 KiB.
 	Persona string `protobuf:"bytes,4,opt,name=persona,proto3" json:"persona,omitempty"`
 	// Rules of style ("answer in one sentence"). They shape tone only: they can
-	// never change a deterministic task such as a count-off number. At most 32.
+	// never change a deterministic task such as a count-off number. At most 32,
+	// each at most 1 KiB.
 	StyleRules []string `protobuf:"bytes,5,rep,name=style_rules,json=styleRules,proto3" json:"style_rules,omitempty"`
 	// The member's own model. Unset means Session.default_model.
 	Model *ModelRef `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
@@ -1128,7 +1129,7 @@ type Skill struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The gateway's id of the skill. Required.
 	SkillId string `protobuf:"bytes,1,opt,name=skill_id,json=skillId,proto3" json:"skill_id,omitempty"`
-	// A short name, for example "tea ceremony". Required.
+	// A short name, for example "tea ceremony". Required; at most 1 KiB.
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// How to apply the skill, written as instructions to the member. At most
 	// 8 KiB.
@@ -1350,13 +1351,17 @@ type UserTurn struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The gateway's id of the user's message. Optional.
 	MessageId string `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	// What the user wrote. Directives are read from it, in English or Chinese,
-	// for example 停止/stop, 继续/continue, 报数/count off, @全体成员/@all,
-	// @name and @alias (the README lists where the full word lists live). Required unless mentions or mention_all are set; at
-	// most 32 KiB.
+	// What the user wrote. Directives are read from it, in English or Chinese
+	// (simplified or traditional characters), for example 停止/stop,
+	// 继续/continue, 报数/count off, @全体成员/@all, @name and @alias (the
+	// README lists where the full word lists live); invisible format characters
+	// (zero-width spaces, direction marks) are ignored. Required unless mentions
+	// or mention_all are set (a text of white space and invisible characters
+	// alone counts as none); at most 32 KiB.
 	Text string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
 	// Members the user mentioned explicitly (for example picked from a menu),
-	// by member_id, in the order they should speak. Each must be a member.
+	// by member_id, in the order they should speak. Each must be a member; at
+	// most 64.
 	Mentions []string `protobuf:"bytes,3,rep,name=mentions,proto3" json:"mentions,omitempty"`
 	// True when the user addressed everybody (the same as "@all" in the text).
 	MentionAll    bool `protobuf:"varint,4,opt,name=mention_all,json=mentionAll,proto3" json:"mention_all,omitempty"`

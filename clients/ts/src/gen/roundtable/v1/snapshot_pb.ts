@@ -229,8 +229,8 @@ export type ToolServer = Message<"roundtable.v1.ToolServer"> & {
   /**
    * The key of StartRunRequest.credentials holding a bearer token sent as
    * "Authorization: Bearer <token>". Optional; when set it must be present in
-   * that map, and the token must be one an HTTP header can carry (visible
-   * ASCII, spaces only inside). The token never reaches state, checkpoints,
+   * that map, and the token must be one an HTTP header can carry (not empty,
+   * visible ASCII, spaces only inside). The token never reaches state, checkpoints,
    * events, logs or spans.
    *
    * @generated from field: string credential_ref = 3;
@@ -482,7 +482,7 @@ export type ModelTarget = Message<"roundtable.v1.ModelTarget"> & {
   /**
    * The key of StartRunRequest.credentials holding this target's API key.
    * Optional; when set it must be present in that map, and the key must be one
-   * an HTTP header can carry (visible ASCII, spaces only inside).
+   * an HTTP header can carry (not empty, visible ASCII, spaces only inside).
    *
    * @generated from field: string credential_ref = 4;
    */
@@ -535,7 +535,8 @@ export type Member = Message<"roundtable.v1.Member"> & {
 
   /**
    * Rules of style ("answer in one sentence"). They shape tone only: they can
-   * never change a deterministic task such as a count-off number. At most 32.
+   * never change a deterministic task such as a count-off number. At most 32,
+   * each at most 1 KiB.
    *
    * @generated from field: repeated string style_rules = 5;
    */
@@ -593,7 +594,7 @@ export type Skill = Message<"roundtable.v1.Skill"> & {
   skillId: string;
 
   /**
-   * A short name, for example "tea ceremony". Required.
+   * A short name, for example "tea ceremony". Required; at most 1 KiB.
    *
    * @generated from field: string name = 2;
    */
@@ -722,10 +723,13 @@ export type UserTurn = Message<"roundtable.v1.UserTurn"> & {
   messageId: string;
 
   /**
-   * What the user wrote. Directives are read from it, in English or Chinese,
-   * for example 停止/stop, 继续/continue, 报数/count off, @全体成员/@all,
-   * @name and @alias (the README lists where the full word lists live). Required unless mentions or mention_all are set; at
-   * most 32 KiB.
+   * What the user wrote. Directives are read from it, in English or Chinese
+   * (simplified or traditional characters), for example 停止/stop,
+   * 继续/continue, 报数/count off, @全体成员/@all, @name and @alias (the
+   * README lists where the full word lists live); invisible format characters
+   * (zero-width spaces, direction marks) are ignored. Required unless mentions
+   * or mention_all are set (a text of white space and invisible characters
+   * alone counts as none); at most 32 KiB.
    *
    * @generated from field: string text = 2;
    */
@@ -733,7 +737,8 @@ export type UserTurn = Message<"roundtable.v1.UserTurn"> & {
 
   /**
    * Members the user mentioned explicitly (for example picked from a menu),
-   * by member_id, in the order they should speak. Each must be a member.
+   * by member_id, in the order they should speak. Each must be a member; at
+   * most 64.
    *
    * @generated from field: repeated string mentions = 3;
    */
