@@ -428,17 +428,40 @@ async def test_a_continue_turn_passes_over_a_stopped_run_with_nothing_left(serve
     assert await get_status(stub, "po-empty") == pb.RUN_STATUS_CANCELLED, "not claimed"
 
 
-async def test_a_run_still_finishing_after_a_stop_turn_keeps_its_thread_busy(stub) -> None:
-    live = stub.StartRun(slow_request(run_id="sf-1", thread_id="t-sf"))
+@pytest.mark.parametrize("text", ["继续", "continue", "@Bob hi"])
+async def test_the_turn_after_a_stop_turn_waits_for_the_stopped_run_even_with_reject(
+    stub, text: str
+) -> None:
+    # Outside testing: the stop turn had ended while sf-1 finished its speaker's reply, and
+    # the next turn (继续 too) got THREAD_BUSY under the default policy. A thread whose
+    # runs are all stopping is not busy for long: the next turn waits for them.
+    key = {"继续": "zh", "continue": "en", "@Bob hi": "new"}[text]
+    thread = f"t-sf-{key}"
+    live = stub.StartRun(slow_request(run_id=f"sf-1-{key}", thread_id=thread))
     events = await read_until(live, is_started(0))
-    stop = await collect(stub.StartRun(slow_request("停止", run_id="sf-2", thread_id="t-sf")))
+    stop = await collect(
+        stub.StartRun(slow_request("停止", run_id=f"sf-2-{key}", thread_id=thread))
+    )
     assert kinds(stop)[-1] == "run_completed"
-    # The stop turn has ended, but sf-1 is still finishing its speaker's reply.
-    with pytest.raises(grpc.aio.AioRpcError) as busy:
-        await collect(stub.StartRun(slow_request("@Bob hi", run_id="sf-3", thread_id="t-sf")))
-    assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    after = stub.StartRun(slow_request(text, run_id=f"sf-3-{key}", thread_id=thread))
     events += await collect(live)
     assert of_kind(events, "run_cancelled")[0].run_cancelled.reason == "stop_directive"
+    more = await collect(after)
+    assert kinds(more)[-1] == "run_completed"
+    assert more[0].emitted_at.ToNanoseconds() >= events[-1].emitted_at.ToNanoseconds()
+    if text == "@Bob hi":
+        assert [f.member_id for f in finals(more)] == ["b"]
+    else:  # it continues the stopped run: the speakers it had left
+        assert [f.member_id for f in finals(more)] == ["b", "c", "d"]
+    # A run that is not stopping still makes the thread busy.
+    busy_live = stub.StartRun(slow_request(run_id=f"sf-4-{key}", thread_id=thread))
+    await read_until(busy_live, is_started(0))
+    with pytest.raises(grpc.aio.AioRpcError) as busy:
+        await collect(
+            stub.StartRun(slow_request("@Bob hi", run_id=f"sf-5-{key}", thread_id=thread))
+        )
+    assert reason_of(busy.value) == "THREAD_BUSY"
+    await collect(busy_live)
 
 
 async def test_an_immediate_cancel_during_a_committed_append_loses_no_event(

@@ -358,6 +358,11 @@ class RemoteRun:
         self.record = record
         self.run_id = record.run_id
 
+    @property
+    def stopping(self) -> bool:
+        """Whether a cancel was recorded for it when its row was read."""
+        return bool(self.record.cancel_mode)
+
     async def stop(self, reason: str) -> None:
         """Records a graceful cancel, honoured by its replica at its next speaker boundary;
         a run parked for approval there has its waiting calls denied first (`cancelled`),

@@ -27,6 +27,11 @@ class BusyRun(Protocol):
 
     run_id: str
 
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was asked of it already: it ends at its next speaker boundary."""
+        ...
+
     async def stop(self, reason: str) -> None:
         """Asks it to stop at its next speaker boundary."""
         ...
@@ -44,6 +49,11 @@ class LocalRun:
         self._wake = wake
         """For a run parked for approval: what resumes it (to reach its stop)."""
         self.run_id = live.record.run_id
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested of it (it finishes its speaker, then ends)."""
+        return self._live.stop.requested
 
     async def stop(self, reason: str) -> None:
         """Requests a graceful stop of the live run (a parked one is resumed to stop)."""
@@ -73,7 +83,10 @@ async def claim_thread(
             await run.stop("stop_directive")
         return None
     policy = request.options.busy_thread_policy
-    if policy is BusyThreadPolicy.REJECT:
+    if policy is BusyThreadPolicy.REJECT and not all(run.stopping for run in busy):
+        # Runs already stopping end at their next speaker boundary: the turn after a stop
+        # turn waits for them (outside testing: the stop turn had ended, and "继续" got
+        # THREAD_BUSY while the stopped run finished its speaker).
         thread_id = request.context.thread_id
         raise ThreadBusy(f"thread {thread_id!r} is running run {busy[0].run_id!r}")
     if policy is BusyThreadPolicy.INTERRUPT:

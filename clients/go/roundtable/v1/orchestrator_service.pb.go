@@ -84,7 +84,10 @@ type BusyThreadPolicy int32
 const (
 	// The default: REJECT.
 	BusyThreadPolicy_BUSY_THREAD_POLICY_UNSPECIFIED BusyThreadPolicy = 0
-	// Answer FAILED_PRECONDITION; nothing is stored.
+	// Answer FAILED_PRECONDITION (THREAD_BUSY); nothing is stored. When every
+	// live run of the thread is stopping already (a stop turn, CancelRun, an
+	// interrupt asked it to), the new run waits for them to end instead, as
+	// ENQUEUE: "继续" right after "停止" continues the stopped run.
 	BusyThreadPolicy_BUSY_THREAD_POLICY_REJECT BusyThreadPolicy = 1
 	// Cancel the live run at its next speaker boundary, then start.
 	BusyThreadPolicy_BUSY_THREAD_POLICY_INTERRUPT BusyThreadPolicy = 2

@@ -580,7 +580,10 @@ export enum BusyThreadPolicy {
   UNSPECIFIED = 0,
 
   /**
-   * Answer FAILED_PRECONDITION; nothing is stored.
+   * Answer FAILED_PRECONDITION (THREAD_BUSY); nothing is stored. When every
+   * live run of the thread is stopping already (a stop turn, CancelRun, an
+   * interrupt asked it to), the new run waits for them to end instead, as
+   * ENQUEUE: "继续" right after "停止" continues the stopped run.
    *
    * @generated from enum value: BUSY_THREAD_POLICY_REJECT = 1;
    */
