@@ -72,6 +72,29 @@ async def test_concurrent_runs_per_tenant_are_limited_with_a_retry_hint(start_se
         )
 
 
+async def test_a_stop_turn_is_taken_at_the_run_limit_and_stops_the_run(start_server) -> None:
+    # Outside testing: 停止 was refused TOO_MANY_RUNS at the limit, and the run it was sent
+    # to stop went on talking. A queued run counts towards the limit (it holds its snapshot).
+    async with (
+        start_server(max_runs_per_tenant=1, max_runs=1) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        roster = [member(m, m.title(), model=SLOW) for m in ("a", "b", "c")]
+        live = stub.StartRun(
+            start_request("@all hi", members=roster, run_id="full-1", thread_id="t")
+        )
+        await live.read()
+        with pytest.raises(grpc.aio.AioRpcError) as full:
+            await collect(stub.StartRun(slow_request("full-2", "tenant-1", "t2")))
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        stop = await collect(stub.StartRun(start_request("停止", run_id="full-3", thread_id="t")))
+        assert kinds(stop)[-1] == "run_completed"
+        events = await read_rest(live)
+        assert kinds(events)[-1] == "run_cancelled"
+        assert len(finals(events)) < 3
+
+
 def event(seq: int, kind: str) -> Envelope:
     if kind == "delta":
         payload: Event = AssistantDelta(reply_id="", text="x", attempt=0)

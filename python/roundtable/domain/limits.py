@@ -15,21 +15,21 @@ class RunLimits:
         default=2_000,
         metadata=flag(
             "max-runs",
-            "Runs executing at once in this process; more get RESOURCE_EXHAUSTED with a "
-            "retry hint.",
+            "Runs executing or queued at once in this process (not those waiting for a "
+            "person); more get RESOURCE_EXHAUSTED with a retry hint (a stop turn never does).",
             minimum=1,
         ),
     )
-    """Runs executing at once."""
+    """Runs executing or queued behind a thread's run at once."""
     max_runs_per_tenant: int = field(
         default=500,
         metadata=flag(
             "max-runs-per-tenant",
-            "Runs of one tenant executing at once in this process.",
+            "Runs of one tenant executing or queued at once in this process.",
             minimum=1,
         ),
     )
-    """Runs of one tenant executing at once."""
+    """Runs of one tenant executing or queued at once."""
     stream_buffer: int = field(
         default=1_024,
         metadata=flag(

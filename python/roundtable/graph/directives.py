@@ -162,6 +162,13 @@ class Directive:
     kind: DirectiveKind
     member_ids: tuple[str, ...] = ()
 
+    @property
+    def stops(self) -> bool:
+        """Whether the turn is a stop: nobody speaks, the thread's live runs stop. At the
+        run limit it is still taken (outside testing: 停止 was refused TOO_MANY_RUNS, and
+        the run it was sent to stop went on talking)."""
+        return self.kind is DirectiveKind.STOP
+
 
 @dataclass(frozen=True, slots=True)
 class _Name:

@@ -173,8 +173,9 @@ class RunManager:
         ctx = request.context
         if self.registry.draining:
             raise Draining()
-        self.registry.check_capacity(ctx.tenant)
         directive = classify(request.snapshot)
+        if not directive.stops:  # it frees places, calling no model: never refused for room
+            self.registry.check_capacity(ctx.tenant)
         await self.coordination.hold_thread(ctx.tenant, ctx.thread_id, guard)
         busy = [
             *self.registry.busy(ctx.tenant, ctx.thread_id),

@@ -58,8 +58,9 @@ class OrchestratorServiceStub:
     names the recorded one: approve, deny, expired or
     cancelled).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
-    delay: [TOO_MANY_RUNS] runs executing in the process or
-    for the tenant, [TOO_MANY_CALLS] calls in flight for this
+    delay: [TOO_MANY_RUNS] runs executing or queued in the
+    process or for the tenant (a stop turn is never refused
+    so), [TOO_MANY_CALLS] calls in flight for this
     caller, [TOO_MANY_STREAMS] streams attached to this run,
     [STREAM_OVERFLOW] a stream whose reader fell behind
     (delay 0: re-attach at once with StreamRun(after_seq)).
@@ -144,8 +145,9 @@ class OrchestratorServiceServicer:
     names the recorded one: approve, deny, expired or
     cancelled).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
-    delay: [TOO_MANY_RUNS] runs executing in the process or
-    for the tenant, [TOO_MANY_CALLS] calls in flight for this
+    delay: [TOO_MANY_RUNS] runs executing or queued in the
+    process or for the tenant (a stop turn is never refused
+    so), [TOO_MANY_CALLS] calls in flight for this
     caller, [TOO_MANY_STREAMS] streams attached to this run,
     [STREAM_OVERFLOW] a stream whose reader fell behind
     (delay 0: re-attach at once with StreamRun(after_seq)).
@@ -308,8 +310,9 @@ class OrchestratorService:
     names the recorded one: approve, deny, expired or
     cancelled).
     RESOURCE_EXHAUSTED with a google.rpc.RetryInfo, worth retrying after its
-    delay: [TOO_MANY_RUNS] runs executing in the process or
-    for the tenant, [TOO_MANY_CALLS] calls in flight for this
+    delay: [TOO_MANY_RUNS] runs executing or queued in the
+    process or for the tenant (a stop turn is never refused
+    so), [TOO_MANY_CALLS] calls in flight for this
     caller, [TOO_MANY_STREAMS] streams attached to this run,
     [STREAM_OVERFLOW] a stream whose reader fell behind
     (delay 0: re-attach at once with StreamRun(after_seq)).
