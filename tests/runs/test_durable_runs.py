@@ -153,6 +153,23 @@ async def test_a_graceful_cancel_during_the_last_speaker_asks_for_no_memory_prop
         assert bool(of_kind(events, "memory_proposed")) is not cancel, kinds(events)
 
 
+async def test_a_continue_turn_proposes_the_memories_of_the_words_it_answers(stub) -> None:
+    # Outside testing: stop, then continue, proposed nothing (the continue turn's words are
+    # "继续"); resuming the same run instead proposed them.
+    text = "@all remember that I like oolong"
+    call = stub.StartRun(slow_request(text, run_id="cm-1", thread_id="t-cm"))
+    await read_until(call, is_started(1))
+    await collect(stub.StartRun(slow_request("停止", run_id="cm-2", thread_id="t-cm")))
+    stopped = await collect(call)
+    assert kinds(stopped)[-1] == "run_cancelled" and not of_kind(stopped, "memory_proposed")
+    continued = slow_request("继续", run_id="cm-3", thread_id="t-cm")
+    continued.snapshot.history.add(role=spb.MESSAGE_ROLE_USER, content=text)
+    more = await collect(stub.StartRun(continued))
+    assert of_kind(more, "plan_created")[0].plan_created.continued_run_id == "cm-1"
+    (proposed,) = of_kind(more, "memory_proposed")
+    assert {p.content for p in proposed.memory_proposed.proposals} == {"I like oolong"}
+
+
 async def test_immediate_cancel_drops_the_partial_reply_and_resume_redoes_it(stub) -> None:
     request = slow_request(run_id="now-1", thread_id="t-now")
     call = stub.StartRun(request)

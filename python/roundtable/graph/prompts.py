@@ -109,10 +109,13 @@ the member who should remember it, the action (create, update or forget), an imp
 from 0 to 1, and the reply ids that support it. Propose nothing when nothing is worth it."""
 
 
-def memory_messages(snapshot: Snapshot, replies: Sequence[ReplyDict]) -> tuple[ChatMessage, ...]:
-    """The memory proposer's prompt: the turn and its replies, with ids to cite."""
+def memory_messages(
+    snapshot: Snapshot, replies: Sequence[ReplyDict], words: str
+) -> tuple[ChatMessage, ...]:
+    """The memory proposer's prompt: the user's `words` the replies answer (the turn's, or
+    those of the stopped run a continue turn took over), and the replies, with ids to cite."""
     turn = {
-        "user_text": snapshot.user_turn.text,
+        "user_text": words,
         "replies": [
             {"reply_id": r["reply_id"], "member_id": r["member_id"], "content": r["content"]}
             for r in replies
@@ -125,4 +128,4 @@ def memory_messages(snapshot: Snapshot, replies: Sequence[ReplyDict]) -> tuple[C
         },
     }
     system = f"{MEMORY_INSTRUCTIONS}\n\n{sections.TURN}\n{json.dumps(turn, ensure_ascii=False)}"
-    return (ChatMessage("system", system), ChatMessage("user", snapshot.user_turn.text))
+    return (ChatMessage("system", system), ChatMessage("user", words))

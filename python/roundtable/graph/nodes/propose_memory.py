@@ -192,7 +192,12 @@ async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationS
             ModelRequest(
                 ref=ref,
                 call=ChatCall(
-                    messages=memory_messages(snapshot, replies),
+                    # A continue turn's words are "继续": its speakers answer, and its
+                    # memories come from, what the run it took over was answering (outside
+                    # testing: stop, then continue, proposed nothing).
+                    messages=memory_messages(
+                        snapshot, replies, ctx.continued_words or snapshot.user_turn.text
+                    ),
                     max_tokens=1024,
                     temperature=0.0,
                     schema=MemoryProposals,
