@@ -42,11 +42,21 @@ async def test_native_and_langchain_paths_say_the_same(call) -> None:
     assert a.usage == b.usage
 
 
-async def test_count_off_answer_and_persona_voice() -> None:
+async def test_count_off_answer_and_a_voice_the_persona_picks_without_quoting_it() -> None:
+    # Outside testing: the reply quoted the persona's first sentence, and the contract keeps
+    # a persona out of events.
     count = await OfflineProvider().complete(TARGET, COUNT, api_key=None, on_text=None)
     assert count.text == "3!"
     member = await OfflineProvider().complete(TARGET, MEMBER, api_key=None, on_text=None)
-    assert "(A calm tea master.)" in member.text and "dinner" in member.text
+    assert "dinner" in member.text and "tea master" not in member.text
+    replies = set()
+    for persona in ("A calm tea master.", "A loud pirate.", "A shy poet.", "A chef."):
+        system = f"You are Lin.\n\n{sections.PERSONA}\n{persona}"
+        call = ChatCall(messages=(ChatMessage("system", system), MEMBER.messages[1]))
+        answer = await OfflineProvider().complete(TARGET, call, api_key=None, on_text=None)
+        assert persona.rstrip(".") not in answer.text
+        replies.add(answer.text)
+    assert len(replies) > 1, "the persona changes the voice"
 
 
 async def test_supervisor_plan_from_the_roster() -> None:

@@ -101,7 +101,7 @@ def _without_mentions(text: str, names: Sequence[str]) -> str:
 
 
 def reply(system: str, last_user: str) -> str:
-    """A member's answer: its count-off number, or a line in its persona's voice."""
+    """A member's answer: its count-off number, or a line in a voice its persona picks."""
     task = _sections(last_user).get(sections.TASK, "") or last_user.strip()
     number = _NUMBER_TASK.search(task)
     if number:
@@ -109,17 +109,16 @@ def reply(system: str, last_user: str) -> str:
     secs = _sections(system)
     name_match = re.match(r"You are (.+?)\.", system)
     name = name_match.group(1) if name_match else "Assistant"
+    # The persona picks the voice (opener and stance) but is never quoted: the contract
+    # keeps it out of events, and this model's reply is one (outside testing).
     persona = secs.get(sections.PERSONA, "")
-    voice = re.split(r"(?<=[.!?。！？])\s*", persona)[0][:80] if persona else ""
     topic = last_user.split(sections.TASK)[0].strip().splitlines()
     group = _GROUP.search(system)
     names = [name, *(group.group(1).split(", ") if group else ())]
     subject = _without_mentions(topic[0] if topic else task, names).strip()[:80] or task[:80]
-    seed = _seed(name, subject)
+    seed = _seed(name, subject, persona)
     reply = f"{_OPENERS[seed % len(_OPENERS)]} about \u201c{subject}\u201d: "
     reply += _STANCES[(seed // 7) % len(_STANCES)]
-    if voice:
-        reply += f" ({voice})"
     memories = secs.get(sections.MEMORIES, "")
     if memories:
         reply += f" I remember: {memories.splitlines()[0].lstrip('- ')[:80]}"
