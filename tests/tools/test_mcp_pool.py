@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 from roundtable.domain.errors import ToolRejected, ToolUnavailable
-from roundtable.domain.tools import Tool, ToolResult
+from roundtable.domain.tools import Tool, ToolResult, ToolServer
+from roundtable.tools.mcp_connection import McpConnection
 from roundtable.tools.mcp_pool import McpPool, pool_key
 from support.mcp_server import REPO, McpServerProcess, StartMcpServer
 from support.tool_calls import call_ref
@@ -239,3 +240,24 @@ async def test_a_full_pool_closes_its_least_recently_used_session(mcp: McpServer
         assert set(pool._connections) == {pool_key(server, "tok-a"), pool_key(server, "tok-c")}
     finally:
         await pool.aclose()
+
+
+async def test_a_close_that_is_itself_cancelled_is_cancelled() -> None:
+    # Review: after its wait ran out, aclose cancelled the owner task and suppressed every
+    # CancelledError while it waited for it, the one aimed at the closing task too.
+    connection = McpConnection(ToolServer(server_id="s", url="http://127.0.0.1:9/mcp"), None)
+    connection._task.cancel()
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # an owner task still closing its transport
+            raise
+
+    connection._task = asyncio.create_task(slow_to_stop())
+    closing = asyncio.create_task(connection.aclose(wait_s=0.01))
+    await asyncio.sleep(0.1)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing

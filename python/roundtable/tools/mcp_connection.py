@@ -16,7 +16,6 @@ own stream, so concurrent calls do not mix).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import json
 import logging
@@ -296,5 +295,6 @@ class McpConnection:
                 await asyncio.shield(self._task)
         except TimeoutError:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # asyncio.wait: the owner task's cancellation is not raised here, while one
+            # aimed at this caller still is (suppressing CancelledError swallowed both).
+            await asyncio.wait({self._task})
