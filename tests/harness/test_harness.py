@@ -100,6 +100,50 @@ async def test_500_twice_then_200_succeeds_with_three_audit_lines(caplog) -> Non
     assert lines[2]["target"] == "llm:fake:primary" and lines[2]["input_tokens"] == 3
 
 
+class StreamsThenFails:
+    """Each target streams `chunks` chunks and then breaks, following its script; a target
+    with nothing left in its script answers (usage 3 in, 1 out)."""
+
+    name = "fake"
+
+    def __init__(self, script: dict[str, list[int]]) -> None:
+        self.script = script
+
+    async def complete(self, target, call, *, api_key, on_text) -> ChatResult:
+        queue = self.script.get(target.model, [])
+        if queue:
+            for _ in range(queue.pop(0)):
+                on_text("x")
+            raise ModelUnavailable("the server closed the connection mid-answer")
+        on_text("ok")
+        return ChatResult(text="ok", usage=TokenUsage(3, 1), model=f"fake/{target.model}")
+
+
+def streamed() -> ModelRequest:
+    return replace(request(BACKUP), on_text=lambda text: None)
+
+
+async def test_the_tokens_a_failed_attempt_streamed_count_in_the_replys_usage(caplog) -> None:
+    # Review: a reply cut after 250 chunks and retried said output_tokens 1, and the failed
+    # attempt's audit line 0: the proto says usage counts every attempt of the reply.
+    caplog.set_level(logging.INFO, logger="roundtable.audit")
+    provider = StreamsThenFails({"primary": [250, 4, 2]})
+    result = await harness(provider).call(streamed())
+    assert result.model == "fake/backup" and result.attempts == 4
+    assert result.usage == TokenUsage(3, 1 + 250 + 4 + 2, counted=True)
+    lines = audit_lines(caplog)
+    assert [(line["output_tokens"], line["usage_source"]) for line in lines] == [
+        (250, "counted"),
+        (4, "counted"),
+        (2, "counted"),
+        (1, "reported"),
+    ]
+    provider = StreamsThenFails({"primary": [5, 6, 7], "backup": [1, 0, 0]})
+    with pytest.raises(ModelUnavailable) as failed:
+        await harness(provider).call(streamed())
+    assert failed.value.spent == TokenUsage(0, 19, counted=True) and failed.value.attempts == 6
+
+
 async def test_a_4xx_is_not_retried() -> None:
     provider = FlakyProvider({"primary": [ModelRejected("HTTP 400")]})
     with pytest.raises(ModelRejected):

@@ -123,3 +123,27 @@ async def test_the_supervisor_plans_in_json_mode_and_a_bad_answer_falls_back_wit
         ("success", ""),
         ("error", "INVALID_OUTPUT"),
     ], "a refusal is a model error, neither retried nor counted as unavailability"
+
+
+async def test_the_runs_usage_counts_a_plan_that_did_not_fit_and_a_failed_proposal(
+    stub: pb_grpc.OrchestratorServiceStub,
+) -> None:
+    # Review: tokens of an answer that failed validation were dropped (the supervisor's,
+    # the memory proposer's), so the run's usage under-counted what the server billed.
+    async with OpenAITestServer() as model_server:
+        model_server.script(
+            Reply(text="not a plan", usage=(100, 20)),
+            Reply(text="Tea.", usage=(10, 5)),
+            Reply(text="no proposals either", usage=(7, 2)),
+        )
+        request = start_request(
+            "Remember that I like tea.",
+            members=[member("a", "Alice"), member("b", "Bob")],
+            default_model=refusing_ref(model_server.base_url),
+            run_id="usage-1",
+        )
+        events = await collect(stub.StartRun(request))
+    plan = of_kind(events, "plan_created")[0].plan_created
+    assert plan.source == epb.PLAN_SOURCE_FALLBACK
+    completed = of_kind(events, "run_completed")[0].run_completed
+    assert (completed.usage.input_tokens, completed.usage.output_tokens) == (117, 27)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from roundtable.domain.events import TokenUsage
+
 
 class RoundtableError(Exception):
     """Base of every error Roundtable raises on purpose."""
@@ -176,6 +178,10 @@ class ModelError(RoundtableError):
     the next target's attempts are numbered on from there."""
     http_status: int = 0
     """The HTTP status the model server answered with, when it answered with an error."""
+    spent: TokenUsage = TokenUsage()
+    """Tokens the failed attempts used, as far as known: reported with an answer that did
+    not fit, or counted from the text an attempt streamed before it broke (the harness
+    adds them up, so the reply or the run that goes on counts every attempt)."""
 
 
 class ModelTimeout(ModelError):

@@ -205,6 +205,7 @@ async def _speak(
             result = await _answer(ctx, step, member, messages, ask, tally)
         except ModelError as exc:
             tally.model_calls += exc.attempts
+            tally.usage = tally.usage + exc.spent
             if number and tally.answered_by:
                 # The member answered, wrongly, and asking again failed: the count-off
                 # still gets its number (the contract's replacement), not a failure.

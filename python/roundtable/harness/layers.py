@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from roundtable.domain.errors import CircuitOpen, ModelError, ModelRateLimited, ModelTimeout
+from roundtable.domain.events import TokenUsage
 from roundtable.harness.audit import Auditor, AuditRecord
 from roundtable.harness.breaker import BreakerBoard
 from roundtable.harness.policies import RetryPolicy, TimeoutPolicy, backoff_s, is_transient
@@ -48,11 +49,29 @@ class AuditLayer:
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
         started = time.perf_counter()
+        chunks = _Chunks(request.on_text) if request.on_text is not None else None
+        attempt = (
+            request
+            if chunks is None
+            else request.with_attempt(
+                target=request.target, attempt=request.attempt, on_text=chunks
+            )
+        )
         try:
-            result = await self.next(request)
+            result = await self.next(attempt)
         except ModelError as exc:
+            if chunks is not None and chunks.count and not exc.spent.output_tokens:
+                # What the attempt streamed before it broke was generated, and billed.
+                exc.spent = TokenUsage(exc.spent.input_tokens, chunks.count, counted=True)
             status = "timeout" if isinstance(exc, ModelTimeout) else "error"
-            record = AuditRecord.of(request, status, started, error_code=exc.code, error=exc.detail)
+            record = AuditRecord.of(
+                request,
+                status,
+                started,
+                usage=exc.spent if exc.spent != _NOTHING else None,
+                error_code=exc.code,
+                error=exc.detail,
+            )
             self.auditor.record(record)
             raise
         except asyncio.CancelledError:
@@ -62,6 +81,24 @@ class AuditLayer:
             raise
         self.auditor.record(AuditRecord.of(request, "success", started, usage=result.usage))
         return result
+
+
+_NOTHING = TokenUsage()
+
+
+class _Chunks:
+    """Passes an attempt's text on and counts its chunks (one chunk, one token: the count
+    a server that reports no usage gets, `TokenUsage.counted`)."""
+
+    __slots__ = ("_sink", "count")
+
+    def __init__(self, sink: TextSink) -> None:
+        self._sink = sink
+        self.count = 0
+
+    def __call__(self, text: str) -> None:
+        self.count += 1
+        self._sink(text)
 
 
 class RetryLayer:
@@ -102,17 +139,20 @@ class RetryLayer:
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
         retry = 0
+        spent = _NOTHING
         while True:
             attempt = request.with_attempt(
                 target=request.target, attempt=request.attempt + retry, on_text=request.on_text
             )
             try:
                 result = await self.next(attempt)
-                return result if not retry else _with_attempts(result, retry + 1)
+                return result if not retry else _with_attempts(result, retry + 1, spent)
             except ModelError as exc:
+                spent = spent + exc.spent
                 wait = self.wait_before_retry(exc, retry + 1)
                 if wait is None:
                     exc.attempts = retry + 1
+                    exc.spent = spent
                     raise
             retry += 1
             await self._sleep(wait)  # type: ignore[misc]
@@ -189,6 +229,7 @@ class FailoverLayer:
         )
         last: ModelError | None = None
         attempt = request.attempt
+        spent = _NOTHING
         for index, target in enumerate(targets):
             if index:
                 # The target before may have streamed half a reply: the next one's text
@@ -199,8 +240,10 @@ class FailoverLayer:
                     inner.with_attempt(target=target, attempt=attempt, on_text=inner.on_text)
                 )
             except ModelError as exc:
-                # Attempt numbers stay unique across targets; the error counts them all.
+                # Attempt numbers stay unique across targets; the error counts them all,
+                # and the tokens of every target's failed attempts.
                 exc.attempts += attempt - request.attempt
+                exc.spent = spent = spent + exc.spent
                 # A 4xx or an invalid answer is the request's fault: another model won't help.
                 if not is_transient(exc):
                     raise
@@ -208,17 +251,18 @@ class FailoverLayer:
                 attempt = request.attempt + exc.attempts
                 continue
             earlier = attempt - request.attempt
-            return _with_attempts(result, result.attempts + earlier) if earlier else result
+            return _with_attempts(result, result.attempts + earlier, spent) if earlier else result
         assert last is not None
         raise last
 
 
-def _with_attempts(result: ChatResult, attempts: int) -> ChatResult:
-    """`result`, counting `attempts` (spelled out: `dataclasses.replace` introspects)."""
+def _with_attempts(result: ChatResult, attempts: int, spent: TokenUsage) -> ChatResult:
+    """`result`, counting `attempts` and the tokens `spent` by the failed ones before it
+    (spelled out: `dataclasses.replace` introspects)."""
     return ChatResult(
         text=result.text,
         parsed=result.parsed,
-        usage=result.usage,
+        usage=result.usage + spent if spent != _NOTHING else result.usage,
         finish_reason=result.finish_reason,
         model=result.model,
         attempts=attempts,

@@ -286,7 +286,9 @@ class LangChainProvider:
         raw = out.get("raw")
         if parsed is None or out.get("parsing_error") is not None:
             # The reason names the schema, never the model's text (it may echo the prompt).
-            raise InvalidModelOutput(f"answer did not match {call.schema.__name__}")
+            error = InvalidModelOutput(f"answer did not match {call.schema.__name__}")
+            error.spent = _usage(raw)
+            raise error
         assert isinstance(parsed, call.schema)
         return ChatResult(parsed=parsed, usage=_usage(raw), model=name)
 
@@ -328,11 +330,14 @@ class LangChainProvider:
         try:
             parsed = parse_answer(result.text, call.schema, form)
         except InvalidModelOutput as exc:
+            exc.spent = result.usage  # the answer was generated, and billed, all the same
             if not refused:
                 raise
-            raise InvalidModelOutput(
+            wrapped = InvalidModelOutput(
                 f"{exc.detail}; the server refused the JSON schema ({refused})"
-            ) from None
+            )
+            wrapped.spent = result.usage
+            raise wrapped from None
         return ChatResult(
             parsed=parsed, usage=result.usage, finish_reason=result.finish_reason, model=name
         )

@@ -293,11 +293,13 @@ class OfflineProvider:
         if call.schema is not None:
             tool = str(call.schema.model_config.get("title") or call.schema.__name__)
             decision = await model.decide(system, last_user, chars, tool=tool)
+            usage = TokenUsage(decision.input_tokens, decision.output_tokens)
             try:
                 parsed = call.schema.model_validate(decision.args or {})
             except ValidationError:
-                raise InvalidModelOutput(f"answer did not match {tool}") from None
-            usage = TokenUsage(decision.input_tokens, decision.output_tokens)
+                error = InvalidModelOutput(f"answer did not match {tool}")
+                error.spent = usage
+                raise error from None
             return ChatResult(parsed=parsed, usage=usage, model=name)
         decision = await model.decide(system, last_user, chars)
         text = decision.text

@@ -1213,7 +1213,9 @@ type AssistantFinal struct {
 	Content string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
 	// The model that produced it ("provider/model"), after any failover.
 	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
-	// Tokens used by all attempts of this reply.
+	// Tokens used by all attempts of this reply: an attempt that broke off
+	// counts the chunks it streamed (output_tokens_counted), an answer that did
+	// not fit counts what its server reported.
 	Usage *TokenUsage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Why the reply ended.
 	FinishReason FinishReason `protobuf:"varint,7,opt,name=finish_reason,json=finishReason,proto3,enum=roundtable.v1.FinishReason" json:"finish_reason,omitempty"`
@@ -1221,8 +1223,9 @@ type AssistantFinal struct {
 	// count-off's re-asks included.
 	Attempts uint32 `protobuf:"varint,8,opt,name=attempts,proto3" json:"attempts,omitempty"`
 	// True when a model server reported no usage for (some of) this reply's
-	// model calls and their output tokens in `usage` were counted by Roundtable,
-	// one streamed chunk as one token; false when every count was reported.
+	// model calls, or an attempt broke off before it could, and their output
+	// tokens in `usage` were counted by Roundtable, one streamed chunk as one
+	// token; false when every count was reported.
 	OutputTokensCounted bool `protobuf:"varint,9,opt,name=output_tokens_counted,json=outputTokensCounted,proto3" json:"output_tokens_counted,omitempty"`
 	// The tool calls the reply made, in order: which tool and how each ended
 	// (never its arguments or result), so a gateway can show "Mei looked this

@@ -27,7 +27,7 @@ from pydantic import (
 
 from roundtable.domain import prompt_sections
 from roundtable.domain.errors import ModelError
-from roundtable.domain.events import MemoryAction, MemoryProposal, MemoryProposed
+from roundtable.domain.events import MemoryAction, MemoryProposal, MemoryProposed, TokenUsage
 from roundtable.domain.plan import DirectiveKind
 from roundtable.domain.snapshot import MAX_MEMORY_BYTES, Member, Snapshot
 from roundtable.graph.context import GraphContext
@@ -213,12 +213,19 @@ async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationS
         log.warning(
             "memory proposal skipped (run %s): %s %s", ctx.request.context.run_id, exc.code, exc
         )
-        return {}
+        return _spent(state, exc.spent)  # the run's usage counts the failed call's tokens
     assert isinstance(result.parsed, MemoryProposals)
     proposals = accept(result.parsed.proposals, snapshot, replies, ctx.request.context.run_id)
     if proposals:
         await ctx.sink.emit(MemoryProposed(proposals=proposals))
+    return _spent(state, result.usage)
+
+
+def _spent(state: ConversationState, usage: TokenUsage) -> ConversationState:
+    """The run's token counts with `usage` added (nothing to write when it is none)."""
+    if not (usage.input_tokens or usage.output_tokens):
+        return {}
     return {
-        "input_tokens": state.get("input_tokens", 0) + result.usage.input_tokens,
-        "output_tokens": state.get("output_tokens", 0) + result.usage.output_tokens,
+        "input_tokens": state.get("input_tokens", 0) + usage.input_tokens,
+        "output_tokens": state.get("output_tokens", 0) + usage.output_tokens,
     }

@@ -212,9 +212,9 @@ async def _ask(
         # What did not parse (the form, the fields), never the model's text: a model that
         # answers but not in shape is the one failure the model's operator can act on.
         detail = f"supervisor_{exc.code.lower()}: {exc.detail}" if exc.detail else ""
-        return None, detail or "supervisor_invalid_output", TokenUsage()
+        return None, detail or "supervisor_invalid_output", exc.spent
     except ModelError as exc:
-        return None, f"supervisor_{exc.code.lower()}", TokenUsage()
+        return None, f"supervisor_{exc.code.lower()}", exc.spent
     usage = TokenUsage(result.usage.input_tokens, result.usage.output_tokens)
     assert isinstance(result.parsed, SupervisorPlan)
     return result.parsed, check_plan(result.parsed, snapshot, speakers_left=speakers_left), usage

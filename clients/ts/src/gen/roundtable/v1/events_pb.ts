@@ -526,7 +526,9 @@ export type AssistantFinal = Message<"roundtable.v1.AssistantFinal"> & {
   model: string;
 
   /**
-   * Tokens used by all attempts of this reply.
+   * Tokens used by all attempts of this reply: an attempt that broke off
+   * counts the chunks it streamed (output_tokens_counted), an answer that did
+   * not fit counts what its server reported.
    *
    * @generated from field: roundtable.v1.TokenUsage usage = 6;
    */
@@ -549,8 +551,9 @@ export type AssistantFinal = Message<"roundtable.v1.AssistantFinal"> & {
 
   /**
    * True when a model server reported no usage for (some of) this reply's
-   * model calls and their output tokens in `usage` were counted by Roundtable,
-   * one streamed chunk as one token; false when every count was reported.
+   * model calls, or an attempt broke off before it could, and their output
+   * tokens in `usage` were counted by Roundtable, one streamed chunk as one
+   * token; false when every count was reported.
    *
    * @generated from field: bool output_tokens_counted = 9;
    */
