@@ -144,6 +144,52 @@ async def test_the_tokens_a_failed_attempt_streamed_count_in_the_replys_usage(ca
     assert failed.value.spent == TokenUsage(0, 19, counted=True) and failed.value.attempts == 6
 
 
+class Paced:
+    """Streams 20 chunks `gap_s` apart, after `first_s`; or stalls for `stall_s` after 3."""
+
+    name = "fake"
+
+    def __init__(self, gap_s: float, first_s: float = 0.0, stall_s: float = 0.0) -> None:
+        self.gap_s, self.first_s, self.stall_s = gap_s, first_s, stall_s
+
+    async def complete(self, target, call, *, api_key, on_text) -> ChatResult:
+        await asyncio.sleep(self.first_s)
+        for i in range(20):
+            if on_text is not None:
+                on_text("x")
+            await asyncio.sleep(self.stall_s if i == 3 and self.stall_s else self.gap_s)
+        return ChatResult(text="x" * 20, model=f"fake/{target.model}")
+
+
+@pytest.mark.parametrize(
+    ("provider", "streams", "times_out"),
+    [
+        (Paced(gap_s=0.02), True, False),  # 0.4 s in all, never 0.1 s of silence
+        (Paced(gap_s=0.02), False, True),  # nothing streamed to its caller: the whole call
+        (Paced(gap_s=0.01, first_s=0.3), True, True),  # silent before its first chunk
+        (Paced(gap_s=0.01, stall_s=0.3), True, True),  # silent mid-answer
+    ],
+    ids=["steady-stream", "unstreamed", "slow-first-chunk", "stall"],
+)
+async def test_a_streamed_attempt_times_out_on_silence_not_on_its_length(
+    provider, streams: bool, times_out: bool
+) -> None:
+    # Review: the timeout bounded the whole attempt, so a healthy server streaming a long
+    # answer was cut at the deadline, asked again from the start, and counted as down.
+    h = Harness(
+        {"fake": provider},
+        policy=HarnessPolicy(
+            timeout=TimeoutPolicy(default_s=0.1), retry=RetryPolicy(max_retries=0)
+        ),
+    )
+    call = replace(request(), on_text=(lambda text: None) if streams else None)
+    if times_out:
+        with pytest.raises(ModelTimeout):
+            await h.call(call)
+    else:
+        assert (await h.call(call)).text == "x" * 20
+
+
 async def test_a_4xx_is_not_retried() -> None:
     provider = FlakyProvider({"primary": [ModelRejected("HTTP 400")]})
     with pytest.raises(ModelRejected):

@@ -23,7 +23,12 @@ from roundtable.models.base import ChatResult, TextSink
 
 
 class TimeoutLayer:
-    """Bounds one attempt; the model ref's own timeout wins over the default."""
+    """Bounds one attempt by the model's silence: a streamed call times out when nothing
+    comes for the timeout, before its first chunk or between two, so a long answer at a
+    steady pace is never cut (review: a CPU-served model writing 512 tokens at 8 a second
+    was cut at 60 s, asked again from the start twice, and counted by the breaker); a call
+    that streams nothing to its caller (structured output) by the whole attempt. The
+    model ref's own timeout wins over the default; the run's deadline bounds it all."""
 
     def __init__(self, next_handler: Handler, policy: TimeoutPolicy) -> None:
         self.next = next_handler
@@ -32,12 +37,58 @@ class TimeoutLayer:
     async def __call__(self, request: ModelRequest) -> ChatResult:
         seconds = request.ref.timeout_s or self.policy.default_s
         try:
-            async with asyncio.timeout(seconds):
-                return await self.next(request)
+            if request.on_text is None:
+                async with asyncio.timeout(seconds):
+                    return await self.next(request)
+            async with asyncio.timeout(None) as deadline:
+                silence = _Silence(request.on_text, seconds, deadline)
+                try:
+                    return await self.next(
+                        request.with_attempt(
+                            target=request.target, attempt=request.attempt, on_text=silence
+                        )
+                    )
+                finally:
+                    silence.stop()
         except TimeoutError:
             error = ModelTimeout(f"no answer within {seconds:g}s")
             error.callers_deadline = seconds < self.policy.default_s
             raise error from None
+
+
+class _Silence:
+    """Passes a streamed attempt's text on and notes when each chunk came; its timer ends
+    the attempt once the model has been silent for `seconds` (one clock read a chunk: the
+    timer is moved only when it fires, not on every chunk)."""
+
+    __slots__ = ("_deadline", "_loop", "_seconds", "_sink", "_timer", "last")
+
+    def __init__(self, sink: TextSink, seconds: float, deadline: asyncio.Timeout) -> None:
+        self._sink = sink
+        self._seconds = seconds
+        self._deadline = deadline
+        self._loop = asyncio.get_running_loop()
+        self.last = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(
+            self.last + seconds, self._check
+        )
+
+    def __call__(self, text: str) -> None:
+        self.last = self._loop.time()
+        self._sink(text)
+
+    def _check(self) -> None:
+        due = self.last + self._seconds
+        if self._loop.time() >= due:
+            self._timer = None
+            self._deadline.reschedule(self._loop.time())  # expires now: TimeoutError
+        else:
+            self._timer = self._loop.call_at(due, self._check)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class AuditLayer:

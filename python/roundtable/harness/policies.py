@@ -18,17 +18,20 @@ from roundtable.domain.flags import flag
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeoutPolicy:
-    """Per-attempt timeout."""
+    """Per-attempt timeout: of silence for a streamed call, of the whole call otherwise."""
 
     default_s: float = field(
         default=60.0,
         metadata=flag(
             "model-timeout-seconds",
-            "Per-attempt model timeout when a model ref sets none.",
+            "Per-attempt model timeout when a model ref sets none: how long a streamed "
+            "answer may be silent (before its first chunk or between two), or a call that "
+            "streams nothing may take.",
             minimum=0.01,
         ),
     )
-    """Seconds an attempt may take when the model ref sets no timeout of its own."""
+    """Seconds a streamed attempt may be silent, or an attempt that streams nothing may
+    take, when the model ref sets no timeout of its own."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

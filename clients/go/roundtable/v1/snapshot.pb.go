@@ -851,7 +851,10 @@ type ModelRef struct {
 	Fallbacks []*ModelTarget `protobuf:"bytes,2,rep,name=fallbacks,proto3" json:"fallbacks,omitempty"`
 	// Sampling temperature, 0 to 2. Unset means the provider's default.
 	Temperature *float64 `protobuf:"fixed64,3,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
-	// Per-attempt timeout in milliseconds (default 60,000, at most 600,000).
+	// Per-attempt timeout in milliseconds (default 60,000, at most 600,000):
+	// how long a streamed answer may be silent, before its first chunk or
+	// between two; a call that streams nothing (structured output) may take it
+	// in all. The run's deadline bounds every attempt.
 	TimeoutMs     uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -429,7 +429,10 @@ export type ModelRef = Message<"roundtable.v1.ModelRef"> & {
   temperature?: number | undefined;
 
   /**
-   * Per-attempt timeout in milliseconds (default 60,000, at most 600,000).
+   * Per-attempt timeout in milliseconds (default 60,000, at most 600,000):
+   * how long a streamed answer may be silent, before its first chunk or
+   * between two; a call that streams nothing (structured output) may take it
+   * in all. The run's deadline bounds every attempt.
    *
    * @generated from field: uint32 timeout_ms = 4;
    */
