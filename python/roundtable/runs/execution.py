@@ -160,6 +160,18 @@ class Executor:
         except LeaseLost:
             log.error("run %s was taken over by another replica; stopping here", live.record.run_id)
 
+    async def _stopped(self, live: LiveRun, sink: RunSink, reason: str) -> RunStatus:
+        """Ends a stopped execution with run_cancelled: interrupted for a shutdown, which
+        nobody asked for (the same StartRun resumes it, its calls still wait for their
+        person), else cancelled, the calls still waiting denied, as every cancel does."""
+        if reason == SHUTDOWN_REASON:
+            status = RunStatus.INTERRUPTED
+        else:
+            status = RunStatus.CANCELLED
+            await deny_waiting(self.log.store, live)
+        await sink.end(cancelled_event(reason, live.progress), status)
+        return status
+
     async def _run(self, live: LiveRun, launch: Launch) -> None:
         """The execution, mapped to its terminal event and final status."""
         record = live.record
@@ -184,9 +196,7 @@ class Executor:
                 # Cancelled while its speakers waited for a person: it ends here, as a parked
                 # run's cancel ends it (outside testing: parked during a drain instead, the
                 # next server completed a run its user had cancelled).
-                status = RunStatus.CANCELLED
-                await deny_waiting(self.log.store, live)
-                await sink.end(cancelled_event(live.stop.reason, live.progress), status)
+                status = await self._stopped(live, sink, live.stop.reason)
             else:
                 # Waiting for a person: no terminal event (the execution goes on once a
                 # decision is recorded); the checkpoint is written, nothing of the graph stays.
@@ -194,14 +204,7 @@ class Executor:
                 wake_at = parked.expires_at
                 waiting = parked.call_keys
         except Drained as stop:
-            # A run stopped for a shutdown was not cancelled by anyone: it resumes when the
-            # same StartRun comes again, on this server or the next.
-            status = (
-                RunStatus.INTERRUPTED if stop.reason == SHUTDOWN_REASON else RunStatus.CANCELLED
-            )
-            if status is RunStatus.CANCELLED:  # review: they were left waiting on a resume
-                await deny_waiting(self.log.store, live)
-            await sink.end(cancelled_event(stop.reason, live.progress), status)
+            status = await self._stopped(live, sink, stop.reason)
         except asyncio.CancelledError:
             if live.lease_lost:
                 return  # nothing more may be written for a run another replica owns
@@ -210,10 +213,7 @@ class Executor:
                 # The process is stopping: the run is interrupted, not cancelled by anyone.
                 status = RunStatus.INTERRUPTED
                 raise
-            status = RunStatus.CANCELLED
-            reason = live.stop.reason or "cancel_requested"
-            await deny_waiting(self.log.store, live)
-            await sink.end(cancelled_event(reason, live.progress), status)
+            status = await self._stopped(live, sink, live.stop.reason or "cancel_requested")
         except LeaseLost:
             raise  # nothing more may be written: not even run_failed
         except RunDeadline:
