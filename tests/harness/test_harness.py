@@ -197,6 +197,18 @@ async def test_a_4xx_is_not_retried() -> None:
     assert provider.calls == ["primary"]
 
 
+@pytest.mark.parametrize("status", [401, 403, 404])
+async def test_a_targets_own_refusal_fails_over_without_a_retry(status: int) -> None:
+    # Review: a revoked key or a retired model on the primary failed every speaker while
+    # the fallback, with its own key and model, was never tried.
+    refused = ModelRejected(f"HTTP {status}")
+    refused.http_status = status
+    provider = FlakyProvider({"primary": [refused]})
+    result = await harness(provider).call(request(BACKUP))
+    assert result.model == "fake/backup" and result.attempts == 2
+    assert provider.calls == ["primary", "backup"]
+
+
 async def test_timeouts_are_retried_then_fail_over(caplog) -> None:
     caplog.set_level(logging.INFO, logger="roundtable.audit")
 

@@ -135,6 +135,8 @@ class AuditLayer:
 
 
 _NOTHING = TokenUsage()
+_TARGETS_OWN = frozenset({401, 403, 404})
+"""Statuses that say the target cannot serve anyone's request: failed over, never retried."""
 
 
 class _Chunks:
@@ -295,8 +297,10 @@ class FailoverLayer:
                 # and the tokens of every target's failed attempts.
                 exc.attempts += attempt - request.attempt
                 exc.spent = spent = spent + exc.spent
-                # A 4xx or an invalid answer is the request's fault: another model won't help.
-                if not is_transient(exc):
+                # A 4xx or an invalid answer is the request's fault: another model won't
+                # help. But a 401, 403 or 404 is this target's own (its key revoked, its
+                # model retired): the next target has a key and a model of its own (review).
+                if not (is_transient(exc) or exc.http_status in _TARGETS_OWN):
                     raise
                 last = exc
                 attempt = request.attempt + exc.attempts

@@ -846,7 +846,8 @@ type ModelRef struct {
 	// The model tried first. Required when the ModelRef is set.
 	Target *ModelTarget `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
 	// Tried in order when the target fails with a system error (timeout,
-	// 429, 5xx, connection) after its retries, or when its circuit breaker is
+	// 429, 5xx, connection) after its retries, refuses with 401, 403 or 404
+	// (its own key or model: not retried), or when its circuit breaker is
 	// open. At most 4.
 	Fallbacks []*ModelTarget `protobuf:"bytes,2,rep,name=fallbacks,proto3" json:"fallbacks,omitempty"`
 	// Sampling temperature, 0 to 2. Unset means the provider's default.

@@ -414,7 +414,8 @@ export type ModelRef = Message<"roundtable.v1.ModelRef"> & {
 
   /**
    * Tried in order when the target fails with a system error (timeout,
-   * 429, 5xx, connection) after its retries, or when its circuit breaker is
+   * 429, 5xx, connection) after its retries, refuses with 401, 403 or 404
+   * (its own key or model: not retried), or when its circuit breaker is
    * open. At most 4.
    *
    * @generated from field: repeated roundtable.v1.ModelTarget fallbacks = 2;
