@@ -63,27 +63,25 @@ def _unknown_provider() -> pb.StartRunRequest:
     )
 
 
-def _missing_credential() -> pb.StartRunRequest:
+def _bob_keyed(credentials: dict[str, str]) -> pb.StartRunRequest:
+    """Bob's model names the credential "vault-b"; `credentials` are the request's."""
     return start_request(
         "hello",
         members=[
             member("a", "Alice"),
             member("b", "Bob", model=model_ref("openai", "gpt", credential_ref="vault-b")),
         ],
-        credentials={"vault-a": "sk-secret-value"},
+        credentials=credentials,
     )
+
+
+def _missing_credential() -> pb.StartRunRequest:
+    return _bob_keyed({"vault-a": "sk-secret-value"})
 
 
 def _empty_credential() -> pb.StartRunRequest:
     # Outside testing: it went out as the provider's placeholder key and failed late (401).
-    return start_request(
-        "hello",
-        members=[
-            member("a", "Alice"),
-            member("b", "Bob", model=model_ref("openai", "gpt", credential_ref="vault-b")),
-        ],
-        credentials={"vault-b": ""},
-    )
+    return _bob_keyed({"vault-b": ""})
 
 
 def _invisible_text() -> pb.StartRunRequest:
