@@ -123,6 +123,9 @@ def test_words_inside_other_words_or_sentences_are_no_directive(text) -> None:
         ("@u-200你好", ("u-200",)),
         ("@u-200的看法呢", ("u-200",)),
         ("@a, what now?", ("a",)),
+        # Outside testing: "@张三@李四" named both, its English twin only the first.
+        ("@Lin@JOSÉ hi", ("u-200", "u-100")),
+        ("@张三@Lin 你好", ("u-300", "u-200")),
     ],
 )
 def test_mentions_are_found_however_the_name_is_typed(text, who) -> None:

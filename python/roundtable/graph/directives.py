@@ -276,10 +276,16 @@ def _mentioned(snapshot: Snapshot, text: str, roster: _Roster) -> tuple[str, ...
     for match in itertools.islice(_MENTION_AT.finditer(text), MAX_MENTION_TOKENS):
         if len(seen) >= everyone:
             break  # everybody is named already: the rest of a long text changes nothing
-        # The longest name the text goes on with ("@Ann Lee", a name with a space, too).
-        name = _name_at(text, match.end(), roster.names)
-        if name is not None:
+        # The longest name the text goes on with ("@Ann Lee", a name with a space, too),
+        # and those @-ed right after it: "@Mei@Kai" names both, as "@张三@李四" does (the
+        # @ after a Latin name follows a letter, so `_AT` alone does not take it).
+        at = match.end()
+        while (name := _name_at(text, at, roster.names)) is not None:
             seen.setdefault(name.member_id, None)
+            at += len(name.text)
+            if text[at : at + 1] != "@" or len(seen) >= everyone:
+                break
+            at += 1
     return tuple(seen)
 
 
