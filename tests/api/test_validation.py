@@ -473,8 +473,10 @@ def test_a_history_over_the_count_limit_is_reported() -> None:
         (pb.CancelRunRequest(run_id="r-1", tenant="A", mode=7), "mode"),  # type: ignore[arg-type]
         (pb.CancelRunRequest(run_id="r-1", tenant="A", reason="stop\x00now"), "reason"),
         (pb.CancelRunRequest(run_id="r-1", tenant="A", reason="x" * 257), "reason"),
+        # Review: it made a person's cancel a shutdown's (interrupted, calls left waiting).
+        (pb.CancelRunRequest(run_id="r-1", tenant="A", reason="server_shutdown"), "reason"),
     ],
-    ids=["unknown-mode", "nul-in-reason", "long-reason"],
+    ids=["unknown-mode", "nul-in-reason", "long-reason", "the-servers-own-reason"],
 )
 async def test_a_cancel_with_an_unknown_mode_or_a_bad_reason_is_invalid(
     server, stub, cancel: pb.CancelRunRequest, field: str

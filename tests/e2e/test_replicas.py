@@ -382,6 +382,31 @@ async def test_a_stop_turn_on_another_replica_stops_the_running_and_the_waiting_
     assert waited[-1].run_cancelled.reason == "stop_directive"
 
 
+@pytest.mark.parametrize("continue_on", ["a", "b"])
+async def test_continue_after_a_stop_sent_to_another_replica_waits_on_either(
+    shared_store: str, tmp_path: Path, continue_on: str
+) -> None:
+    # Review: 停止 sent to B recorded the cancel on A's run; 继续 then sent to A, which runs
+    # the run, got THREAD_BUSY until the speaker's end (A had not read the cancel yet).
+    first = six_speakers(f"rep-sc-{continue_on}")
+    thread = first.context.thread_id
+    async with replica_stubs(shared_store, tmp_path) as (a_stub, b_stub):
+        call = a_stub.StartRun(first)
+        events = await until_speaking(call)
+        stop = b_stub.StartRun(
+            start_request("停止", run_id=f"rep-sc-{continue_on}-s", thread_id=thread)
+        )
+        assert kinds(await collect(stop))[-1] == "run_completed"
+        stub = a_stub if continue_on == "a" else b_stub
+        go_on = thread_turn(thread, f"rep-sc-{continue_on}-c", pb.BUSY_THREAD_POLICY_REJECT, "继续")
+        more = await collect(stub.StartRun(go_on))
+        events += await collect(call)
+    assert kinds(events)[-1] == "run_cancelled"
+    assert kinds(more)[-1] == "run_completed"
+    left = events[-1].run_cancelled.steps_left  # of members still in the session (a-d)
+    assert [f.reply_id for f in finals(more)] == [s.reply_id for s in left if s.member_id < "e"]
+
+
 async def test_two_replicas_starting_turns_of_one_thread_at_once_never_both_run(
     shared_store: str, tmp_path: Path
 ) -> None:

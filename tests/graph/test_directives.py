@@ -29,7 +29,12 @@ from roundtable.graph.directives import (
     words_hash,
 )
 from roundtable.graph.memory_select import memory_query, select_memories
-from roundtable.models.offline_script import NOT_A_STATEMENT, PREFER, REMEMBER
+from roundtable.models.offline_script import (
+    NOT_A_STATEMENT,
+    PREFER,
+    QUESTION_PARTICLES,
+    REMEMBER,
+)
 from support.bounded import call_bounded
 
 ROSTER = (
@@ -359,8 +364,9 @@ def test_every_rule_word_reads_in_traditional_characters() -> None:
     # which (the test's list, or the table).
     rows = (*FILLERS, *EVERYONE, *REMEMBER, *PREFER, *NOT_A_STATEMENT)
     rows += tuple(r for rows_ in COMMANDS.values() for r in rows_)
+    rows += (((), QUESTION_PARTICLES),)
     characters = {ch for _, chinese in rows for word in chinese for ch in word if is_cjk(ch)}
-    mapped = set(simplified("個麼們體別勞後員對報數來歡沒煩現著繼續記說請問題馬駕"))
+    mapped = set(simplified("個麼們體別勞後員對報數來歡沒煩現著繼續記說請問題馬駕嗎"))
     assert characters - _SAME_IN_BOTH_SCRIPTS - mapped == set()
 
 

@@ -253,6 +253,13 @@ async def test_a_plans_unusable_token_budgets_are_left_unset_or_cut_not_the_plan
         ("d", 40),
     ]
     assert [f.member_id for f in finals(events)] == ["c", "b", "a", "d"]
+    # JSON's true is no budget (pydantic alone reads it as 1: review).
+    assert (
+        SupervisorStep.model_validate(
+            {"member_id": "a", "task": "t", "token_budget": True}
+        ).token_budget
+        is None
+    )
 
 
 async def test_supervisor_rounds_until_converged_within_budget(start_server) -> None:

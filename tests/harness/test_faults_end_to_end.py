@@ -313,3 +313,31 @@ async def test_a_skipped_memory_proposal_logs_why(stub, caplog) -> None:
         r.getMessage() for r in caplog.records if r.name == "roundtable.graph.nodes.propose_memory"
     ]
     assert "why-4" in line and "HTTP 500 Internal Server Error" in line and KEY not in line
+
+
+@pytest.mark.parametrize("deltas", [True, False], ids=["deltas", "no-deltas"])
+async def test_a_steady_answer_longer_than_its_timeout_is_not_cut_deltas_or_not(
+    start_server, deltas: bool
+) -> None:
+    # Review: with RunOptions.stream_deltas off the speaker passed the harness no text
+    # sink, so the whole attempt was timed: a model streaming a token every 40 ms was cut
+    # at timeout_ms 300, asked again from the start, and the speaker failed.
+    paced = spb.ModelRef(
+        target=spb.ModelTarget(
+            provider="offline", model="paced", base_url="offline:?token_delay_ms=40"
+        ),
+        timeout_ms=300,
+    )
+    request = start_request(
+        "@Alice tell me about your day in detail",
+        members=[member("a", "Alice", model=paced)],
+        options=pb.RunOptions(stream_deltas=deltas),
+    )
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        events = await collect(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
+    assert not of_kind(events, "speaker_failed")
+    (final,) = finals(events)
+    assert final.attempts == 1 and final.usage.output_tokens > 8

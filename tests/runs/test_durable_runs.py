@@ -15,6 +15,7 @@ from roundtable.domain.snapshot import Budgets
 from roundtable.store.base import RunRecord, RunStatus, StoredEvent
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2 as pb
+from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
 from support.approvals import reason_of
 from support.builders import (
@@ -151,6 +152,25 @@ async def test_a_graceful_cancel_during_the_last_speaker_asks_for_no_memory_prop
         assert [f.member_id for f in finals(events)] == ["a", "b"]
         assert kinds(events)[-1] == "run_completed"
         assert bool(of_kind(events, "memory_proposed")) is not cancel, kinds(events)
+
+
+async def test_a_drain_during_the_last_speaker_still_asks_for_the_memory_proposal(
+    start_server,
+) -> None:
+    # Review: a shutdown's stop skipped the proposal like a person's, and the run completed,
+    # so no later StartRun proposed it. Nobody stopped the run: the grace lets it finish.
+    text = "@all remember that I like green tea"
+    async with start_server(grace_seconds=5.0) as server:
+        channel = grpc.aio.insecure_channel(server.address)
+        call = pb_grpc.OrchestratorServiceStub(channel).StartRun(
+            slow_request(text, run_id="dm-1", thread_id="t-dm", n=2)
+        )
+        events = await read_until(call, is_started(1))
+        rest = asyncio.create_task(collect(call))
+    events += await asyncio.wait_for(rest, 10)  # the server drained on the way out
+    await channel.close()
+    assert kinds(events)[-1] == "run_completed"
+    assert of_kind(events, "memory_proposed")
 
 
 async def test_a_continue_turn_proposes_the_memories_of_the_words_it_answers(stub) -> None:

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 from roundtable.api.limits import RequestLimits
 from roundtable.api.validate_tools import validate_tool_budgets, validate_tools
 from roundtable.domain.errors import FieldViolation
+from roundtable.domain.events import SHUTDOWN_REASON
 from roundtable.domain.snapshot import BaseUrlRule
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
@@ -139,6 +140,9 @@ def validate_cancel(request: pb.CancelRunRequest, limits: RequestLimits) -> list
         c.add("reason", f"must be at most {MAX_CANCEL_REASON_CHARS} characters")
     if _CONTROL.search(request.reason):
         c.add("reason", "must not contain control characters")
+    if request.reason == SHUTDOWN_REASON:
+        # Review: it made a person's cancel a shutdown's (interrupted, its calls left waiting).
+        c.add("reason", f"{SHUTDOWN_REASON!r} is the server's own stop, reserved")
     return c.violations
 
 

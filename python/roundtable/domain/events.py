@@ -168,6 +168,11 @@ class ReplySummary:
     step: int
 
 
+SHUTDOWN_REASON = "server_shutdown"
+"""The stop a draining server asks of its runs: the run is interrupted, to resume when the
+same StartRun comes again; nobody cancelled it. Reserved: no CancelRun may give it."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunCancelled:
     """The run stopped before its plan was done."""

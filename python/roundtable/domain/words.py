@@ -14,11 +14,11 @@ EVERYONE: Twins = ((("all",), ("全体成员",)), (("everyone", "everybody"), ("
 
 
 _TRADITIONAL = str.maketrans(
-    "個麼們體別勞後員對報數來歡沒煩現著繼續記說請問題馬駕",
-    "个么们体别劳后员对报数来欢没烦现着继续记说请问题马驾",
+    "個麼們體別勞後員對報數來歡沒煩現著繼續記說請問題馬駕嗎",
+    "个么们体别劳后员对报数来欢没烦现着继续记说请问题马驾吗",
 )
 """Every traditional character of the rules' Chinese words (the directives', their fillers',
-@全體成員, the offline model's 記住 and 我喜歡), as its simplified twin: the rules are written
+@全體成員, the offline model's 記住, 我喜歡 and 嗎), as its simplified twin: the rules are written
 once, in simplified characters, and read text in either script (outside testing: 大家報數
 was an open discussion). `test_every_rule_word_reads_in_traditional_characters` keeps it
 complete."""

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from opentelemetry import trace
 
-from roundtable.domain.events import Event, TokenUsage
+from roundtable.domain.events import SHUTDOWN_REASON, Event, TokenUsage
 from roundtable.domain.plan import PlanSource, PlanStep
 from roundtable.domain.snapshot import RunRequest
 from roundtable.domain.tools import ToolCallStore, ToolResult
@@ -39,11 +39,6 @@ class EventSink(Protocol):
         ...
 
 
-SHUTDOWN_REASON = "server_shutdown"
-"""The stop a draining server asks of its runs: the run is interrupted, to resume when the
-same StartRun comes again; nobody cancelled it."""
-
-
 class StopSignal:
     """A graceful stop request, checked at every speaker boundary: by dispatch before each
     speaker, and by the supervisor before a later round.
@@ -54,15 +49,19 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.reason = ""
-        self.poller: Callable[[], Awaitable[str]] | None = None
+        self.poller: Callable[[bool], Awaitable[str]] | None = None
+        """Reads a stop recorded elsewhere; given True, from the store now, not as the
+        run's last append saw it."""
         self._waiter: asyncio.Future[None] | None = None
         """Made only when something waits (`wait`): most runs never do, and a parked
         run's memory counts."""
 
-    async def refresh(self) -> None:
-        """Picks up a stop recorded elsewhere (no-op without a poller)."""
+    async def refresh(self, *, now: bool = False) -> None:
+        """Picks up a stop recorded elsewhere (no-op without a poller); `now`: read now,
+        not as the run's last append saw it (a speaker boundary follows an append, a new
+        turn on the thread does not)."""
         if self.poller is not None and not self.denies:
-            reason = await self.poller()
+            reason = await self.poller(now)
             if reason:
                 self.request(reason)
 

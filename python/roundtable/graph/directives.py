@@ -321,8 +321,11 @@ def _after_leading_mentions(text: str, roster: _Roster) -> str:
 def _command(raw: str, roster: _Roster) -> str:
     """`raw` folded, past the @mentions it opens with: where a command would be ("" for a
     text too long to be one)."""
-    if len(raw) > MAX_COMMAND_CHARS + MAX_LEADING_MENTION_CHARS:
-        return ""
+    if len(raw) > MAX_COMMAND_CHARS and (
+        len(raw) > MAX_COMMAND_CHARS + MAX_LEADING_MENTION_CHARS
+        or not _LEADING_AT.match(fold(raw[:MAX_COMMAND_CHARS]))
+    ):
+        return ""  # past the limit, only @mentions before a command may make it longer
     command = _after_leading_mentions(fold(raw), roster)
     return command if len(command) <= MAX_COMMAND_CHARS else ""
 

@@ -150,6 +150,10 @@ class _Tally:
         self.model_calls += model_calls
 
 
+def _unheard(text: str) -> None:
+    """Where a speaker's text goes when the run streams no deltas."""
+
+
 class _TextStream:
     """Streams a speaker's text as deltas; each attempt (and each restart of one inside
     the harness: a retry, a failover) is a new delta attempt, so a client drops the text
@@ -159,7 +163,10 @@ class _TextStream:
         self._sink = ctx.sink
         self._reply_id = step.reply_id
         self.attempt = 0
-        self.on_text = self._text if ctx.request.options.stream_deltas else None
+        # A sink even when no delta is streamed: the harness times a streamed attempt by
+        # its silence and counts the chunks of one that breaks off (review: with deltas off
+        # a steady answer was cut at the timeout, and a broken one cost nothing).
+        self.on_text = self._text if ctx.request.options.stream_deltas else _unheard
 
     def _text(self, text: str) -> None:
         self._sink.delta(self._reply_id, text, self.attempt)

@@ -166,14 +166,14 @@ def remembered(text: str) -> list[str]:
             read, 0, m.start()
         ):
             continue
-        if m.group(group).rstrip().endswith(_QUESTION_PARTICLES):
+        if m.group(group).rstrip().endswith(QUESTION_PARTICLES):
             continue
         kept.append(text[m.start(group) : m.end(group)].strip())
     return kept
 
 
 _QUESTION_MARKS = ("?", "？")
-_QUESTION_PARTICLES = ("吗", "么")
+QUESTION_PARTICLES = ("吗", "么")
 """A Chinese sentence that ends so asks ("你记住我的猫了吗"), as "do you" starts one."""
 NOT_A_STATEMENT: Twins = (
     (("don't", "do not", "never"), ("不要", "不用", "别")),

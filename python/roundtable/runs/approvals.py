@@ -85,7 +85,7 @@ class Approvals:
         if call is None or not call.needs_approval:
             raise PermissionNotFound(call_key[:256])
         if call.verdict is Verdict.PENDING:
-            if record.status is RunStatus.CANCELLED:
+            if record.status in _DENIES_ITS_CALLS:
                 # The cancel's denial of its waiting calls did not reach the store (an
                 # error): a person's decision now must not run the tool on resume.
                 await cancel_calls(store, tenant, run_id, (call_key,))
@@ -138,13 +138,19 @@ class Approvals:
     async def pending(self, record: RunRecord, progress: Progress) -> list[PermissionRequired]:
         """The run's permission requests still waiting for a decision, as announced: not
         one whose time ran out (a decision on it now records it expired), though the run
-        may not have gone on yet, nor any of a cancelled run (its cancel denies them)."""
-        if not progress.permissions or record.status is RunStatus.CANCELLED:
+        may not have gone on yet, nor any of a cancelled run (its cancel denies them) or
+        of one a continue turn took over (it asks again, under its own run)."""
+        if not progress.permissions or record.status in _DENIES_ITS_CALLS:
             return []
         now = time.time()
         calls = await self.log.store.tool_calls(record.tenant, record.run_id)
         waiting = {c.call_key for c in calls if c.waiting and now < c.expires_at}
         return [p for key, p in progress.permissions.items() if key in waiting]
+
+
+_DENIES_ITS_CALLS = frozenset({RunStatus.CANCELLED, RunStatus.CONTINUED})
+"""Runs whose calls still waiting are denied whenever they are looked at: a cancelled run's
+(its cancel denies them; review: a store error left them waiting) and a continued one's."""
 
 
 async def decided_meanwhile(store: RunStore, live: LiveRun, call_keys: tuple[str, ...]) -> bool:

@@ -207,7 +207,7 @@ class SharedCoordination:
         speaker boundary (the stop signal's poller) and, for immediate ones, with each
         renewal."""
         record = live.record
-        live.stop.poller = lambda: self.remote_cancel(record, marks=marks)
+        live.stop.poller = lambda now: self.remote_cancel(record, marks=None if now else marks)
         return asyncio.create_task(self._keep_lease(live), name=f"lease:{record.run_id}")
 
     def watch_queued(self, stop: StopSignal) -> asyncio.Task[None] | None:
@@ -358,8 +358,7 @@ class RemoteRun:
         self.record = record
         self.run_id = record.run_id
 
-    @property
-    def stopping(self) -> bool:
+    async def stopping(self) -> bool:
         """Whether a cancel was recorded for it when its row was read."""
         return bool(self.record.cancel_mode)
 

@@ -23,14 +23,10 @@ from typing import Any, Protocol
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from roundtable.domain.events import (
-    RunFailed,
-    RunStarted,
-)
+from roundtable.domain.events import SHUTDOWN_REASON, RunFailed, RunStarted
 from roundtable.domain.plan import DirectiveKind, Route
 from roundtable.domain.snapshot import SessionKind
 from roundtable.graph.context import (
-    SHUTDOWN_REASON,
     Continuation,
     Drained,
     GraphContext,

@@ -10,8 +10,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from roundtable.domain.errors import TooManyRuns
+from roundtable.domain.events import SHUTDOWN_REASON
 from roundtable.domain.limits import RunLimits
-from roundtable.graph.context import SHUTDOWN_REASON
 from roundtable.runs.live import LiveRun
 from roundtable.runs.threads import LocalRun
 

@@ -8,6 +8,7 @@ by polling it) look the same to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -27,8 +28,7 @@ class BusyRun(Protocol):
 
     run_id: str
 
-    @property
-    def stopping(self) -> bool:
+    async def stopping(self) -> bool:
         """Whether a stop was asked of it already: it ends at its next speaker boundary."""
         ...
 
@@ -50,9 +50,12 @@ class LocalRun:
         """For a run parked for approval: what resumes it (to reach its stop)."""
         self.run_id = live.record.run_id
 
-    @property
-    def stopping(self) -> bool:
-        """Whether a stop was requested of it (it finishes its speaker, then ends)."""
+    async def stopping(self) -> bool:
+        """Whether a stop was requested of it (it finishes its speaker, then ends), here or,
+        on a shared store, by another replica (review: a stop turn sent to replica B, then
+        继续 to A, which runs the run, got THREAD_BUSY until the speaker's end)."""
+        with contextlib.suppress(Exception):  # a store that cannot say: not stopping
+            await self._live.stop.refresh(now=True)
         return self._live.stop.requested
 
     async def stop(self, reason: str) -> None:
@@ -83,7 +86,7 @@ async def claim_thread(
             await run.stop("stop_directive")
         return None
     policy = request.options.busy_thread_policy
-    if policy is BusyThreadPolicy.REJECT and not all(run.stopping for run in busy):
+    if policy is BusyThreadPolicy.REJECT and not all([await run.stopping() for run in busy]):
         # Runs already stopping end at their next speaker boundary: the turn after a stop
         # turn waits for them (outside testing: the stop turn had ended, and "继续" got
         # THREAD_BUSY while the stopped run finished its speaker).

@@ -298,3 +298,5 @@ class McpConnection:
             # asyncio.wait: the owner task's cancellation is not raised here, while one
             # aimed at this caller still is (suppressing CancelledError swallowed both).
             await asyncio.wait({self._task})
+            if not self._task.cancelled():
+                self._task.exception()  # retrieved: no "exception was never retrieved"

@@ -727,7 +727,8 @@ type CancelRunRequest struct {
 	// Graceful (default) or immediate.
 	Mode CancelMode `protobuf:"varint,3,opt,name=mode,proto3,enum=roundtable.v1.CancelMode" json:"mode,omitempty"`
 	// Why, for the run_cancelled event and logs. Optional, at most 256
-	// characters.
+	// characters, no control characters, and not "server_shutdown" (the
+	// server's own stop, which leaves a run interrupted, not cancelled).
 	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

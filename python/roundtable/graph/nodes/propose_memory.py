@@ -178,10 +178,12 @@ async def propose_memory(
 async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationState:
     if nothing_to_remember(state, ctx):
         return {}
-    # A stop asked for during the last speaker: the plan is finished (the run completes),
-    # but the person stopped it, so no more model calls (a bonus is not worth one).
+    # A stop someone asked for during the last speaker: the plan is finished (the run
+    # completes), but the person stopped it, so no more model calls (a bonus is not worth
+    # one). A server's shutdown is nobody's stop: the proposal is still asked for in its
+    # grace (review: else it was lost for good, the run having completed).
     await ctx.stop.refresh()
-    if ctx.stop.requested:
+    if ctx.stop.denies:
         log.info("memory proposal skipped (run %s): stop requested", ctx.request.context.run_id)
         return {}
     replies = [r for r in state.get("replies", []) if not r["failed"]]

@@ -59,6 +59,8 @@ class SupervisorStep(BaseModel):
         """A budget that is no positive whole number is left unset (the session's limit),
         not a reason to drop the whole plan: a real model wrote 0 and 1000 (review); one
         past the session's limit is cut to it where the plan is followed."""
+        if isinstance(value, bool):
+            return None  # JSON's true is no number (pydantic would read it as 1)
         try:
             budget = handler(value)
         except ValidationError:

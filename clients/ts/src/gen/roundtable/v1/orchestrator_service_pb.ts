@@ -236,7 +236,8 @@ export type CancelRunRequest = Message<"roundtable.v1.CancelRunRequest"> & {
 
   /**
    * Why, for the run_cancelled event and logs. Optional, at most 256
-   * characters.
+   * characters, no control characters, and not "server_shutdown" (the
+   * server's own stop, which leaves a run interrupted, not cancelled).
    *
    * @generated from field: string reason = 4;
    */
