@@ -128,6 +128,9 @@ def test_words_inside_other_words_or_sentences_are_no_directive(text) -> None:
         ("@u-200你好", ("u-200",)),
         ("@u-200的看法呢", ("u-200",)),
         ("@a, what now?", ("a",)),
+        # Outside testing: "谢谢。@张三" was a mention, "Thanks.@Lin" not.
+        ("Thanks.@Lin what now?", ("u-200",)),
+        ("谢谢。@张三", ("u-300",)),
         # Outside testing: "@张三@李四" named both, its English twin only the first.
         ("@Lin@JOSÉ hi", ("u-200", "u-100")),
         ("@张三@Lin 你好", ("u-300", "u-200")),

@@ -114,8 +114,9 @@ _STOP = _directive(_words(COMMANDS[DirectiveKind.STOP]))
 _CONTINUE = _directive(_words(COMMANDS[DirectiveKind.CONTINUE]))
 _COUNT_OFF = _directive(_words(COMMANDS[DirectiveKind.COUNT_OFF]))
 # An @ that starts a mention: not inside a word or an e-mail address ("bob@lin.org", "x@Mei"),
-# but right after CJK text, which needs no space before it ("谢谢@全体成员", "请@Mei回答").
-_AT = rf"(?<![^\W{_CJK}])(?<!\.)@"
+# but right after CJK text, which needs no space before it ("谢谢@全体成员", "请@Mei回答"),
+# or a sentence's full stop, as after "。" ("Thanks.@Mei": no e-mail address has "." there).
+_AT = rf"(?<![^\W{_CJK}])@"
 # Not followed by a letter of a word that goes on ("@allison"), nor by a hyphen or dot and
 # one ("@all-hands", "@everyone.else": as a member id goes on after "-"): CJK text runs on
 # after it without a space ("@所有人你们好", "@all请回答"), as after a member's name.
