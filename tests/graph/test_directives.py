@@ -272,6 +272,13 @@ def test_count_off_check(reply, number, problem) -> None:
     assert check_count_off(reply, number) == problem
 
 
+def test_a_count_off_reply_cut_at_its_budget_or_echoing_the_prompt_is_too_long() -> None:
+    # Outside testing (SmolLM2 on llama-server): both were accepted as the member's reply.
+    assert check_count_off("你还可以只回复你的数字 3。\n\n## Your task\n[Ba", 3) == "too long"
+    assert check_count_off("Number 4 of 4", 4, cut=True) == "too long"
+    assert check_count_off("4!", 4, cut=False) == ""
+
+
 def test_memories_ranked_by_relevance_then_importance() -> None:
     memories = [
         Memory(memory_id="1", content="likes hiking in the alps", importance=0.9),

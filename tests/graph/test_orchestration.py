@@ -262,6 +262,33 @@ async def test_a_plans_unusable_token_budgets_are_left_unset_or_cut_not_the_plan
     )
 
 
+async def test_a_plan_naming_members_by_name_or_alias_is_followed(start_server) -> None:
+    # Outside testing: a real model wrote the members' names ("Kai, Lin"), not their ids,
+    # and the plan fell back to one member.
+    model = ScriptedProvider(
+        reply=lambda call, attempt: "ok",
+        plan=_director(
+            [
+                SupervisorPlan(
+                    steps=[
+                        SupervisorStep(member_id="Carol", task="Question the premise."),
+                        SupervisorStep(member_id="@ALICE", task="Summarise."),
+                    ],
+                    converged=True,
+                )
+            ]
+        ),
+    )
+    async with start_server(providers={"scripted": model}) as server:
+        events = await run(
+            server.address,
+            start_request("what is the best tea?", default_model=model_ref("scripted", "d")),
+        )
+    plan = of_kind(events, "plan_created")[0].plan_created
+    assert plan.source == epb.PLAN_SOURCE_SUPERVISOR, plan.fallback_reason
+    assert [f.member_id for f in finals(events)] == ["c", "a"]
+
+
 async def test_supervisor_rounds_until_converged_within_budget(start_server) -> None:
     model = ScriptedProvider(
         reply=lambda call, attempt: "ok",
@@ -404,7 +431,9 @@ async def test_a_resumed_discussion_keeps_the_supervisors_verdict(start_server, 
 @pytest.mark.parametrize(
     ("base_url", "timeout_ms", "reason"),
     [
-        ("offline:?fail=bad_plan", 0, "invalid_plan: unknown member no-such-member"),
+        # The model's words are counted, never quoted (outside testing: a real model's
+        # 64-digit ids went into the event verbatim, three times over).
+        ("offline:?fail=bad_plan", 0, "invalid_plan: 1 step(s) name no member"),
         ("offline:?fail=error", 0, "supervisor_model_unavailable"),
         ("offline:?fail=timeout", 200, "supervisor_model_timeout"),
     ],

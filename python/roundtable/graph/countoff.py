@@ -181,10 +181,13 @@ def _english_numbers(text: str) -> list[int]:
     return found
 
 
-def check_count_off(reply: str, number: int) -> str:
-    """Returns why a count-off reply is wrong, or "" when it is right."""
+def check_count_off(reply: str, number: int, *, cut: bool = False) -> str:
+    """Returns why a count-off reply is wrong, or "" when it is right. `cut`: the reply
+    ran into its token budget, so it is no short reply whatever its length; nor is one
+    that echoes a prompt's "## " section (outside testing, a real model: "3。\n\n## Your
+    task\n..." was accepted)."""
     text = reply.strip()
-    if len(text) > MAX_REPLY_CHARS:
+    if cut or len(text) > MAX_REPLY_CHARS or "## " in text:
         return "too long"
     found = [
         int(n.translate(str.maketrans("０１２３４５６７８９", "0123456789")))

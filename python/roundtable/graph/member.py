@@ -221,7 +221,7 @@ async def _speak(
         tally.answered(result)
         content, finish = bounded_reply(result, step.token_budget)
         if number:
-            problem = check_count_off(content, number)
+            problem = check_count_off(content, number, cut=finish is FinishReason.LENGTH)
             if problem and attempt < first + tries - 1:
                 # Ask again with the wrong answer and the reason in view; the task itself
                 # (and its number) never changes.

@@ -760,8 +760,8 @@ type PlanCreated struct {
 	// Who made the plan.
 	Source PlanSource `protobuf:"varint,2,opt,name=source,proto3,enum=roundtable.v1.PlanSource" json:"source,omitempty"`
 	// Why the plan fell back, when source is FALLBACK (for example
-	// "supervisor_error", "supervisor_timeout", "invalid_plan: unknown member
-	// m9"); or why a deterministic or continued plan has fewer speakers than
+	// "supervisor_error", "supervisor_timeout", "invalid_plan: 2 step(s) name
+	// no member"); or why a deterministic or continued plan has fewer speakers than
 	// asked ("nothing to continue", "cut to max_speakers: 8 of 10 members",
 	// "no longer in the session: m3"). Empty otherwise. Never contains model
 	// output verbatim.

@@ -30,6 +30,7 @@ from roundtable.domain.snapshot import Snapshot
 from roundtable.graph import tasks
 from roundtable.graph.concurrency import by_marker
 from roundtable.graph.context import Drained, GraphContext
+from roundtable.graph.directives import fold
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import supervisor_messages
 from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict
@@ -77,14 +78,33 @@ class SupervisorPlan(BaseModel):
     converged: bool = Field(description="True when no further round is needed.")
 
 
+def by_id(plan: SupervisorPlan, snapshot: Snapshot) -> SupervisorPlan:
+    """The plan with each step that names a member by display name or alias ("Kai",
+    "@梅") naming it by id, as a mention would (outside testing: a real model wrote the
+    members' names, and the plan fell back)."""
+    known = {m.member_id for m in snapshot.members}
+    if all(step.member_id in known for step in plan.steps):
+        return plan
+    names: dict[str, str] = {}
+    for member in snapshot.members:
+        for spelled in (member.display_name, *member.aliases):
+            names.setdefault(fold(spelled).strip(), member.member_id)
+    for step in plan.steps:
+        if step.member_id not in known:
+            spelled = fold(step.member_id).strip().removeprefix("@")
+            step.member_id = names.get(spelled, step.member_id)
+    return plan
+
+
 def check_plan(plan: SupervisorPlan, snapshot: Snapshot, *, speakers_left: int) -> str:
     """Why a plan cannot be followed, or "" when it can."""
     if not plan.steps:
         return "invalid_plan: empty"
     known = {m.member_id for m in snapshot.members}
-    unknown = [s.member_id for s in plan.steps if s.member_id not in known]
+    unknown = sum(s.member_id not in known for s in plan.steps)
     if unknown:
-        return "invalid_plan: unknown member " + ", ".join(u[:64] for u in unknown[:3])
+        # Counted, never quoted: what a model wrote is no part of an event (the proto).
+        return f"invalid_plan: {unknown} step(s) name no member"
     blank = [s.member_id for s in plan.steps if not s.task.strip()]
     if blank:
         return "invalid_plan: blank task for " + ", ".join(b[:64] for b in blank[:3])
@@ -219,4 +239,5 @@ async def _ask(
         return None, f"supervisor_{exc.code.lower()}", exc.spent
     usage = TokenUsage(result.usage.input_tokens, result.usage.output_tokens)
     assert isinstance(result.parsed, SupervisorPlan)
-    return result.parsed, check_plan(result.parsed, snapshot, speakers_left=speakers_left), usage
+    plan = by_id(result.parsed, snapshot)
+    return plan, check_plan(plan, snapshot, speakers_left=speakers_left), usage

@@ -221,8 +221,8 @@ export type PlanCreated = Message<"roundtable.v1.PlanCreated"> & {
 
   /**
    * Why the plan fell back, when source is FALLBACK (for example
-   * "supervisor_error", "supervisor_timeout", "invalid_plan: unknown member
-   * m9"); or why a deterministic or continued plan has fewer speakers than
+   * "supervisor_error", "supervisor_timeout", "invalid_plan: 2 step(s) name
+   * no member"); or why a deterministic or continued plan has fewer speakers than
    * asked ("nothing to continue", "cut to max_speakers: 8 of 10 members",
    * "no longer in the session: m3"). Empty otherwise. Never contains model
    * output verbatim.
