@@ -11,6 +11,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from roundtable.graph.nodes.supervisor import SupervisorPlan
+from roundtable.models.structured import portable_schema
 from roundtable.v1 import events_pb2 as epb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
@@ -147,3 +149,41 @@ async def test_the_runs_usage_counts_a_plan_that_did_not_fit_and_a_failed_propos
     assert plan.source == epb.PLAN_SOURCE_FALLBACK
     completed = of_kind(events, "run_completed")[0].run_completed
     assert (completed.usage.input_tokens, completed.usage.output_tokens) == (117, 27)
+
+
+async def test_the_schemas_sent_hold_member_and_reply_ids_to_the_snapshots(
+    stub: pb_grpc.OrchestratorServiceStub,
+) -> None:
+    # Outside testing (SmolLM2 on llama-server): under a grammar that let any string
+    # through, plans named "Kai, Lin", "user" or 64-digit numbers, and memory proposals
+    # listed reply ids "#1" to "#53" until the token cap, failing every turn.
+    plan = {"steps": [{"member_id": "b", "task": "Say which tea."}], "converged": True}
+    async with OpenAITestServer() as model_server:
+        model_server.script(
+            Reply(text=json.dumps(plan)),
+            Reply(text="Oolong."),
+            Reply(text=json.dumps({"proposals": []})),
+        )
+        request = start_request(
+            "Remember that I like tea. Which one?",
+            members=[member("a", "Alice"), member("b", "Bob")],
+            default_model=refusing_ref(model_server.base_url),
+            run_id="enum-1",
+        )
+        events = await collect(stub.StartRun(request))
+    assert [f.member_id for f in finals(events)] == ["b"]
+    schemas = [
+        r.body["response_format"]["json_schema"]["schema"]
+        for r in model_server.requests
+        if (r.body.get("response_format") or {}).get("type") == "json_schema"
+    ]
+    planned, proposed = schemas
+    step = planned["properties"]["steps"]["items"]["properties"]
+    assert step["member_id"]["enum"] == ["a", "b"]
+    proposal = proposed["properties"]["proposals"]["items"]["properties"]
+    assert proposal["member_id"]["enum"] == ["a", "b"]
+    assert proposal["evidence_reply_ids"]["items"]["enum"] == ["enum-1#0", "user"]
+    # The schema said in the prompt is the same, and the cached one is left as it was.
+    assert '"enum": ["a", "b"]' in str(model_server.requests[0].messages[0]["content"])
+    cached = portable_schema(SupervisorPlan)["properties"]["steps"]["items"]["properties"]
+    assert "enum" not in cached["member_id"]

@@ -85,6 +85,11 @@ class ChatCall:
     temperature: float | None = None
     schema: type[BaseModel] | None = None
     """When set, the answer is structured output validated against this pydantic model."""
+    choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """For a structured call: the only values some string fields of the answer may take in
+    this call, as (a dotted path of properties through arrays, the values): the schema
+    sent says them as an `enum`, so a server that constrains decoding cannot write another
+    (`("steps.member_id", ("lin", "bo"))`)."""
     tools: tuple[ToolSpec, ...] = ()
     """Tools the model may call instead of answering (never together with `schema`)."""
 

@@ -303,7 +303,7 @@ class LangChainProvider:
         """A structured call as a JSON answer: the portable schema first, JSON mode for a
         target that refuses it; validated by pydantic either way (models/structured.py)."""
         assert call.schema is not None
-        messages = to_langchain(with_instruction(call.messages, call.schema))
+        messages = to_langchain(with_instruction(call.messages, call.schema, call.choices))
         refused = self._refusals.reason(target.base_url, target.model)
         form = StructuredForm.JSON_OBJECT if refused else StructuredForm.JSON_SCHEMA
         refusal: ModelError | None = None
@@ -351,7 +351,8 @@ def _asking(kwargs: dict[str, Any], call: ChatCall, form: StructuredForm) -> dic
     length finish; in the body it is a plain streamed completion like every other call.
     """
     assert call.schema is not None
-    return {**kwargs, "extra_body": {"response_format": response_format(call.schema, form)}}
+    format_ = response_format(call.schema, form, call.choices)
+    return {**kwargs, "extra_body": {"response_format": format_}}
 
 
 def _schema_refusal(error: ModelError | None) -> ModelError | None:

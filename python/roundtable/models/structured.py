@@ -10,7 +10,8 @@ of JSON Schema. So a schema is sent in its most portable form:
   schema is pydantic's with every `$ref` inlined, `Optional[X]` sent as `X` (not
   required), and only the keywords every converter knows (type, properties, required,
   items, enum, description, and a short maxLength): other bounds, long lengths and
-  patterns stay in pydantic, which validates every answer anyway.
+  patterns stay in pydantic, which validates every answer anyway. A call's `choices` (the
+  snapshot's member ids, the turn's reply ids) are added as enums.
 - When a server refuses that request (an HTTP error answered to it), the same attempt asks
   again in JSON mode (`{"type": "json_object"}`), with the schema in the prompt; the
   target is remembered, so its later calls go to JSON mode at once.
@@ -105,7 +106,32 @@ def _portable(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def response_format(schema: type[BaseModel], form: StructuredForm) -> dict[str, Any]:
+Choices = tuple[tuple[str, tuple[str, ...]], ...]
+"""`ChatCall.choices`: (a dotted path of properties, the values its strings may take)."""
+
+
+def schema_with(schema: type[BaseModel], choices: Choices) -> dict[str, Any]:
+    """The portable schema with `choices` said as enums: a real model (SmolLM2 on
+    llama-server) wrote display names, "user" and 64-digit numbers for member ids, and
+    reply ids "#1" to "#53" until its token cap, where a grammar held to the snapshot's
+    ids lets it write nothing else (outside testing)."""
+    portable = portable_schema(schema)
+    if not choices:
+        return portable
+    out: dict[str, Any] = json.loads(json.dumps(portable))  # a copy: the cached one is shared
+    for path, values in choices:
+        node = out
+        for name in path.split("."):
+            node = node["properties"][name]
+            while node.get("type") == "array":
+                node = node["items"]
+        node["enum"] = list(values)
+    return out
+
+
+def response_format(
+    schema: type[BaseModel], form: StructuredForm, choices: Choices = ()
+) -> dict[str, Any]:
     """The `response_format` request field for a form."""
     if form is StructuredForm.JSON_OBJECT:
         return {"type": "json_object"}
@@ -113,7 +139,7 @@ def response_format(schema: type[BaseModel], form: StructuredForm) -> dict[str, 
         "type": "json_schema",
         "json_schema": {
             "name": schema.__name__,
-            "schema": portable_schema(schema),
+            "schema": schema_with(schema, choices),
             # Strict mode would make OpenAI demand every property be required and
             # additionalProperties false; the portable schema is not written for it.
             "strict": False,
@@ -122,7 +148,7 @@ def response_format(schema: type[BaseModel], form: StructuredForm) -> dict[str, 
 
 
 def with_instruction(
-    messages: tuple[ChatMessage, ...], schema: type[BaseModel]
+    messages: tuple[ChatMessage, ...], schema: type[BaseModel], choices: Choices = ()
 ) -> tuple[ChatMessage, ...]:
     """The messages with the JSON answer's shape said in the (first) system message.
 
@@ -131,7 +157,7 @@ def with_instruction(
     Appended to the system message already there, not added as a second one: some chat
     templates refuse a system message anywhere but first.
     """
-    instruction = _instruction(schema)
+    instruction = _instruction(schema) if not choices else _said(schema_with(schema, choices))
     if messages and messages[0].role == "system":
         first = ChatMessage("system", f"{messages[0].content}\n\n{instruction}")
         return (first, *messages[1:])
@@ -140,8 +166,12 @@ def with_instruction(
 
 @functools.cache
 def _instruction(schema: type[BaseModel]) -> str:
+    return _said(portable_schema(schema))
+
+
+def _said(schema: dict[str, Any]) -> str:
     return "Answer with one JSON object and nothing else, matching this JSON schema:\n" + (
-        json.dumps(portable_schema(schema), ensure_ascii=False)
+        json.dumps(schema, ensure_ascii=False)
     )
 
 

@@ -203,6 +203,13 @@ async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationS
                     max_tokens=1024,
                     temperature=0.0,
                     schema=MemoryProposals,
+                    choices=(
+                        ("proposals.member_id", tuple(m.member_id for m in snapshot.members)),
+                        (
+                            "proposals.evidence_reply_ids",
+                            (*(r["reply_id"] for r in replies), "user"),
+                        ),
+                    ),
                 ),
                 meta=call_meta(ctx, "propose_memory"),
                 credentials=ctx.credentials,

@@ -225,6 +225,7 @@ async def _ask(
                     max_tokens=1024,
                     temperature=ref.temperature,
                     schema=SupervisorPlan,
+                    choices=(("steps.member_id", tuple(m.member_id for m in snapshot.members)),),
                 ),
                 meta=call_meta(ctx, "supervisor"),
                 credentials=ctx.credentials,
