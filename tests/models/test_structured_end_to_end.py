@@ -187,3 +187,31 @@ async def test_the_schemas_sent_hold_member_and_reply_ids_to_the_snapshots(
     assert '"enum": ["a", "b"]' in str(model_server.requests[0].messages[0]["content"])
     cached = portable_schema(SupervisorPlan)["properties"]["steps"]["items"]["properties"]
     assert "enum" not in cached["member_id"]
+
+
+async def test_a_plan_streamed_at_a_steady_pace_longer_than_its_timeout_is_not_cut(
+    stub: pb_grpc.OrchestratorServiceStub,
+) -> None:
+    # Outside testing: structured calls were sent streamed but timed whole, so a plan at 40
+    # tokens a second past timeout_ms was cut three times and the discussion fell back.
+    plan = json.dumps({"steps": [{"member_id": "b", "task": "Say which tea."}], "converged": True})
+    pieces = [plan[i : i + 2] for i in range(0, len(plan), 2)]
+    async with OpenAITestServer() as model_server:
+        model_server.script(
+            Reply(text=plan, chunks=pieces, token_delay_s=0.025),
+            Reply(text="Oolong."),
+            Reply(text=json.dumps({"proposals": []})),
+        )
+        ref = refusing_ref(model_server.base_url)
+        ref.timeout_ms = 300
+        request = start_request(
+            "Which tea?",
+            members=[member("a", "Alice"), member("b", "Bob")],
+            default_model=ref,
+            run_id="paced-1",
+        )
+        events = await collect(stub.StartRun(request))
+    assert len(pieces) * 0.025 > 0.6, "the plan takes more than twice its timeout"
+    created = of_kind(events, "plan_created")[0].plan_created
+    assert created.source == epb.PLAN_SOURCE_SUPERVISOR, created.fallback_reason
+    assert [f.member_id for f in finals(events)] == ["b"]

@@ -34,7 +34,14 @@ from roundtable.graph.prompts import member_messages
 from roundtable.graph.state import ReplyDict
 from roundtable.graph.tool_loop import BUDGET_SPENT, ToolLoop, tool_specs
 from roundtable.harness.request import CallMeta, ModelRequest
-from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ToolSpec, reply_char_bound
+from roundtable.models.base import (
+    ChatCall,
+    ChatMessage,
+    ChatResult,
+    ToolSpec,
+    reply_char_bound,
+    unheard,
+)
 from roundtable.telemetry.attributes import run_correlation
 
 COUNT_OFF_MAX_RETRIES = 2
@@ -150,10 +157,6 @@ class _Tally:
         self.model_calls += model_calls
 
 
-def _unheard(text: str) -> None:
-    """Where a speaker's text goes when the run streams no deltas."""
-
-
 class _TextStream:
     """Streams a speaker's text as deltas; each attempt (and each restart of one inside
     the harness: a retry, a failover) is a new delta attempt, so a client drops the text
@@ -166,7 +169,7 @@ class _TextStream:
         # A sink even when no delta is streamed: the harness times a streamed attempt by
         # its silence and counts the chunks of one that breaks off (review: with deltas off
         # a steady answer was cut at the timeout, and a broken one cost nothing).
-        self.on_text = self._text if ctx.request.options.stream_deltas else _unheard
+        self.on_text = self._text if ctx.request.options.stream_deltas else unheard
 
     def _text(self, text: str) -> None:
         self._sink.delta(self._reply_id, text, self.attempt)

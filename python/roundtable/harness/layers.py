@@ -27,8 +27,9 @@ class TimeoutLayer:
     comes for the timeout, before its first chunk or between two, so a long answer at a
     steady pace is never cut (review: a CPU-served model writing 512 tokens at 8 a second
     was cut at 60 s, asked again from the start twice, and counted by the breaker); a call
-    that streams nothing to its caller (structured output) by the whole attempt. The
-    model ref's own timeout wins over the default; the run's deadline bounds it all."""
+    given no text sink (none in Roundtable: a plan's text goes to `unheard`) by the whole
+    attempt. The model ref's own timeout wins over the default; the run's deadline bounds
+    it all."""
 
     def __init__(self, next_handler: Handler, policy: TimeoutPolicy) -> None:
         self.next = next_handler

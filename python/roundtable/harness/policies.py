@@ -24,9 +24,8 @@ class TimeoutPolicy:
         default=60.0,
         metadata=flag(
             "model-timeout-seconds",
-            "Per-attempt model timeout when a model ref sets none: how long a streamed "
-            "answer may be silent (before its first chunk or between two), or a call that "
-            "streams nothing may take.",
+            "Per-attempt model timeout when a model ref sets none: how long an answer may "
+            "be silent, before its first chunk or between two.",
             minimum=0.01,
         ),
     )

@@ -76,6 +76,12 @@ TextSink = Callable[[str], None]
 """Receives streamed text chunks as the model produces them."""
 
 
+def unheard(text: str) -> None:
+    """A text sink that keeps nothing: a call whose text no stream shows (deltas off, a
+    supervisor's plan, a memory proposal) still hands the harness its chunks, which time
+    the attempt by its silence and count the tokens of one that breaks off."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatCall:
     """What to ask a model, independent of which model answers."""

@@ -152,7 +152,7 @@ class LangChainProvider:
             if call.tools:
                 return await self._with_tools(model, target, call, kwargs, on_text, name)
             if call.schema is not None and self._structured_method == "json":
-                return await self._json_structured(model, target, call, kwargs, name)
+                return await self._json_structured(model, target, call, kwargs, on_text, name)
             messages = to_langchain(call.messages)
             if call.schema is not None:
                 return await self._structured(model, messages, call, name)
@@ -298,17 +298,21 @@ class LangChainProvider:
         target: ModelTarget,
         call: ChatCall,
         kwargs: dict[str, Any],
+        on_text: TextSink | None,
         name: str,
     ) -> ChatResult:
         """A structured call as a JSON answer: the portable schema first, JSON mode for a
-        target that refuses it; validated by pydantic either way (models/structured.py)."""
+        target that refuses it; validated by pydantic either way (models/structured.py).
+        The answer's text streams to `on_text` as any reply's does (the harness times the
+        attempt by it; outside testing: a plan streamed at 40 tokens a second was cut as
+        if silent)."""
         assert call.schema is not None
         messages = to_langchain(with_instruction(call.messages, call.schema, call.choices))
         refused = self._refusals.reason(target.base_url, target.model)
         form = StructuredForm.JSON_OBJECT if refused else StructuredForm.JSON_SCHEMA
         refusal: ModelError | None = None
         try:
-            result = await self._stream(model, messages, _asking(kwargs, call, form), None, name)
+            result = await self._stream(model, messages, _asking(kwargs, call, form), on_text, name)
         except Exception as exc:
             refusal = (
                 _schema_refusal(self._map_error(exc))
@@ -322,7 +326,7 @@ class LangChainProvider:
             # __context__ (the SDK's errors hold the request). A server that fails JSON mode
             # too raises that error, as any failed call does: it was not the schema.
             form, refused = StructuredForm.JSON_OBJECT, refusal.detail
-            result = await self._stream(model, messages, _asking(kwargs, call, form), None, name)
+            result = await self._stream(model, messages, _asking(kwargs, call, form), on_text, name)
             self._refusals.remember(target.base_url, target.model, refused)
             log.warning(
                 "%s refused the JSON schema (%s); its structured calls use JSON mode", name, refused

@@ -35,7 +35,7 @@ from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import memory_messages
 from roundtable.graph.state import ConversationState, ReplyDict
 from roundtable.harness.request import ModelRequest
-from roundtable.models.base import ChatCall
+from roundtable.models.base import ChatCall, unheard
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +213,7 @@ async def _propose(state: ConversationState, ctx: GraphContext) -> ConversationS
                 ),
                 meta=call_meta(ctx, "propose_memory"),
                 credentials=ctx.credentials,
+                on_text=unheard,
             )
         )
     except ModelError as exc:

@@ -35,7 +35,7 @@ from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import supervisor_messages
 from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict
 from roundtable.harness.request import ModelRequest
-from roundtable.models.base import ChatCall
+from roundtable.models.base import ChatCall, unheard
 
 
 class SupervisorStep(BaseModel):
@@ -229,6 +229,7 @@ async def _ask(
                 ),
                 meta=call_meta(ctx, "supervisor"),
                 credentials=ctx.credentials,
+                on_text=unheard,
             )
         )
     except InvalidModelOutput as exc:

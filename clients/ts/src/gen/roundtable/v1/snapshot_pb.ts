@@ -431,9 +431,9 @@ export type ModelRef = Message<"roundtable.v1.ModelRef"> & {
 
   /**
    * Per-attempt timeout in milliseconds (default 60,000, at most 600,000):
-   * how long a streamed answer may be silent, before its first chunk or
-   * between two; a call that streams nothing (structured output) may take it
-   * in all. The run's deadline bounds every attempt.
+   * how long an answer may be silent, before its first chunk or between two
+   * (replies, plans and memory proposals are all streamed from the server).
+   * The run's deadline bounds every attempt.
    *
    * @generated from field: uint32 timeout_ms = 4;
    */
