@@ -8,8 +8,12 @@ import logging
 from dataclasses import fields, replace
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from roundtable.domain.errors import (
     CircuitOpen,
+    InvalidModelOutput,
     ModelRateLimited,
     ModelRejected,
     ModelTimeout,
@@ -188,6 +192,35 @@ async def test_a_streamed_attempt_times_out_on_silence_not_on_its_length(
             await h.call(call)
     else:
         assert (await h.call(call)).text == "x" * 20
+
+
+async def test_a_failed_attempts_span_carries_the_tokens_it_spent() -> None:
+    # Outside testing: the span of an answer that did not fit (INVALID_OUTPUT, its usage
+    # reported) and of one that broke off carried no gen_ai.usage, though the audit did.
+    class Failing(StreamsThenFails):
+        async def complete(self, target, call, *, api_key, on_text) -> ChatResult:
+            if target.model == "backup":
+                error = InvalidModelOutput("json_schema: answer is not JSON")
+                error.spent = TokenUsage(505, 1024)
+                raise error
+            return await super().complete(target, call, api_key=api_key, on_text=on_text)
+
+    exporter = InMemorySpanExporter()
+    tracing = TracerProvider()
+    tracing.add_span_processor(SimpleSpanProcessor(exporter))
+    h = Harness(
+        {"fake": Failing({"primary": [7]})},
+        policy=HarnessPolicy(retry=RetryPolicy(max_retries=0)),
+        tracer=tracing.get_tracer("test"),
+    )
+    with pytest.raises(InvalidModelOutput) as failed:
+        await h.call(streamed())
+    assert failed.value.spent == TokenUsage(505, 1024 + 7, counted=True)
+    usage = [
+        (s.attributes["gen_ai.usage.input_tokens"], s.attributes["gen_ai.usage.output_tokens"])
+        for s in exporter.get_finished_spans()
+    ]
+    assert usage == [(0, 7), (505, 1024)]
 
 
 async def test_a_4xx_is_not_retried() -> None:

@@ -49,20 +49,25 @@ class TimeoutLayer:
                             target=request.target, attempt=request.attempt, on_text=silence
                         )
                     )
+                except ModelError as exc:
+                    silence.charge(exc)
+                    raise
                 finally:
                     silence.stop()
         except TimeoutError:
             error = ModelTimeout(f"no answer within {seconds:g}s")
             error.callers_deadline = seconds < self.policy.default_s
+            if request.on_text is not None:
+                silence.charge(error)
             raise error from None
 
 
 class _Silence:
-    """Passes a streamed attempt's text on and notes when each chunk came; its timer ends
-    the attempt once the model has been silent for `seconds` (one clock read a chunk: the
-    timer is moved only when it fires, not on every chunk)."""
+    """Passes a streamed attempt's text on, noting when each chunk came and how many came;
+    its timer ends the attempt once the model has been silent for `seconds` (one clock
+    read a chunk: the timer is moved only when it fires, not on every chunk)."""
 
-    __slots__ = ("_deadline", "_loop", "_seconds", "_sink", "_timer", "last")
+    __slots__ = ("_deadline", "_loop", "_seconds", "_sink", "_timer", "chunks", "last")
 
     def __init__(self, sink: TextSink, seconds: float, deadline: asyncio.Timeout) -> None:
         self._sink = sink
@@ -70,13 +75,21 @@ class _Silence:
         self._deadline = deadline
         self._loop = asyncio.get_running_loop()
         self.last = self._loop.time()
+        self.chunks = 0
         self._timer: asyncio.TimerHandle | None = self._loop.call_at(
             self.last + seconds, self._check
         )
 
     def __call__(self, text: str) -> None:
         self.last = self._loop.time()
+        self.chunks += 1
         self._sink(text)
+
+    def charge(self, error: ModelError) -> None:
+        """What the attempt streamed before it broke was generated, and billed: its chunks
+        are its output tokens (`TokenUsage.counted`), unless its server reported them."""
+        if self.chunks and not error.spent.output_tokens:
+            error.spent = TokenUsage(error.spent.input_tokens, self.chunks, counted=True)
 
     def _check(self) -> None:
         due = self.last + self._seconds
@@ -101,20 +114,9 @@ class AuditLayer:
 
     async def __call__(self, request: ModelRequest) -> ChatResult:
         started = time.perf_counter()
-        chunks = _Chunks(request.on_text) if request.on_text is not None else None
-        attempt = (
-            request
-            if chunks is None
-            else request.with_attempt(
-                target=request.target, attempt=request.attempt, on_text=chunks
-            )
-        )
         try:
-            result = await self.next(attempt)
+            result = await self.next(request)
         except ModelError as exc:
-            if chunks is not None and chunks.count and not exc.spent.output_tokens:
-                # What the attempt streamed before it broke was generated, and billed.
-                exc.spent = TokenUsage(exc.spent.input_tokens, chunks.count, counted=True)
             status = "timeout" if isinstance(exc, ModelTimeout) else "error"
             record = AuditRecord.of(
                 request,
@@ -138,21 +140,6 @@ class AuditLayer:
 _NOTHING = TokenUsage()
 _TARGETS_OWN = frozenset({401, 403, 404})
 """Statuses that say the target cannot serve anyone's request: failed over, never retried."""
-
-
-class _Chunks:
-    """Passes an attempt's text on and counts its chunks (one chunk, one token: the count
-    a server that reports no usage gets, `TokenUsage.counted`)."""
-
-    __slots__ = ("_sink", "count")
-
-    def __init__(self, sink: TextSink) -> None:
-        self._sink = sink
-        self.count = 0
-
-    def __call__(self, text: str) -> None:
-        self.count += 1
-        self._sink(text)
 
 
 class RetryLayer:

@@ -88,6 +88,10 @@ class TelemetryLayer:
                 # The code, never the message: a provider's message may echo the prompt.
                 span.set_attribute("error.type", exc.code)
                 span.set_status(Status(StatusCode.ERROR, exc.code))
+                if exc.spent.input_tokens or exc.spent.output_tokens:
+                    # An answer that did not fit, or one that broke off: billed all the same.
+                    span.set_attribute("gen_ai.usage.input_tokens", exc.spent.input_tokens)
+                    span.set_attribute("gen_ai.usage.output_tokens", exc.spent.output_tokens)
                 raise
             except asyncio.CancelledError:
                 span.set_attribute("error.type", "cancelled")
