@@ -20,7 +20,7 @@ from roundtable.graph.nodes.propose_memory import (
     ProposedMemory,
     accept,
 )
-from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep
+from roundtable.graph.nodes.supervisor import SupervisorPlan, SupervisorStep, by_id
 from roundtable.models.structured import StructuredForm, parse_answer, portable_schema
 from roundtable.runs.execution import checkpoint_thread
 from roundtable.v1 import events_pb2 as epb
@@ -37,6 +37,7 @@ from support.builders import (
     of_kind,
     start_request,
 )
+from support.openai_server import OpenAITestServer, Reply
 from support.scripted import ScriptedProvider, persona_obeying_reply
 
 COUNT_OFF_PHRASES = ("报数", "大家报数！", "count off, please")
@@ -287,6 +288,46 @@ async def test_a_plan_naming_members_by_name_or_alias_is_followed(start_server) 
     plan = of_kind(events, "plan_created")[0].plan_created
     assert plan.source == epb.PLAN_SOURCE_SUPERVISOR, plan.fallback_reason
     assert [f.member_id for f in finals(events)] == ["c", "a"]
+
+
+async def test_a_count_off_under_a_budget_of_one_token_is_not_asked_again(stub) -> None:
+    # Review: a reply cut at a budget a number barely fits in (a server says "length" when
+    # max_tokens is reached) was taken for a runaway reply: asked again twice, replaced.
+    async with OpenAITestServer() as model_server:
+        model_server.script(*(Reply(text=n, finish_reason="length") for n in "12"))
+        ref = spb.ModelRef(
+            target=spb.ModelTarget(provider="openai", model="m", base_url=model_server.base_url)
+        )
+        request = start_request(
+            "报数",
+            members=[member("a", "Alice", model=ref), member("b", "Bob", model=ref)],
+            budgets=spb.Budgets(max_output_tokens=1),
+        )
+        events = [r.event async for r in stub.StartRun(request)]
+    assert [(f.content, f.attempts) for f in finals(events)] == [("1", 1), ("2", 1)]
+
+
+def test_a_plans_names_resolve_as_mentions_do() -> None:
+    # Review: "Kai" went to the member so named though another's id is "kai" (a mention
+    # gives the id), "LIN" for id "lin" was no member, and "" named a member whose alias
+    # folds to nothing.
+    request = start_request(
+        "hi",
+        members=[
+            member("kai", "Kai Chen"),
+            member("u7", "Kai"),
+            member("lin", "Lin Wei", aliases=["\u200b"]),
+        ],
+    )
+    snapshot = run_request_from_proto(request, limits=RequestLimits(), defaults=Budgets()).snapshot
+    plan = SupervisorPlan(
+        steps=[
+            SupervisorStep(member_id=spelled, task="t")
+            for spelled in ("Kai", "LIN", "@lin wei", "", "Kai Chen")
+        ],
+        converged=True,
+    )
+    assert [s.member_id for s in by_id(plan, snapshot).steps] == ["kai", "lin", "lin", "", "kai"]
 
 
 async def test_supervisor_rounds_until_converged_within_budget(start_server) -> None:

@@ -125,6 +125,10 @@ async def _resumed_tools(ctx: GraphContext, step: PlanStep, caller_node: str) ->
     return await ToolLoop.open(ctx, runtime, step, member, call_meta(ctx, caller_node))
 
 
+_ROOM_FOR_A_NUMBER = 8
+"""Tokens past which a count-off reply cut at its budget was no short reply."""
+
+
 class _Tally:
     """What a speaker's attempts add up to: tokens, model calls, the model that answered."""
 
@@ -224,7 +228,9 @@ async def _speak(
         tally.answered(result)
         content, finish = bounded_reply(result, step.token_budget)
         if number:
-            problem = check_count_off(content, number, cut=finish is FinishReason.LENGTH)
+            # Cut at a budget a number fits in many times over (a tiny one cuts "3!" too).
+            cut = finish is FinishReason.LENGTH and step.token_budget >= _ROOM_FOR_A_NUMBER
+            problem = check_count_off(content, number, cut=cut)
             if problem and attempt < first + tries - 1:
                 # Ask again with the wrong answer and the reason in view; the task itself
                 # (and its number) never changes.

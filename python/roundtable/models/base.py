@@ -93,9 +93,10 @@ class ChatCall:
     """When set, the answer is structured output validated against this pydantic model."""
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """For a structured call: the only values some string fields of the answer may take in
-    this call, as (a dotted path of properties through arrays, the values): the schema
-    sent says them as an `enum`, so a server that constrains decoding cannot write another
-    (`("steps.member_id", ("lin", "bo"))`)."""
+    this call, as (a dotted path of properties through arrays, the values): the JSON
+    schema sent (and said in the prompt) holds them as an `enum`, so a server that
+    constrains decoding cannot write another (`("steps.member_id", ("lin", "bo"))`).
+    Pydantic still validates the answer, and a provider without JSON schemas ignores it."""
     tools: tuple[ToolSpec, ...] = ()
     """Tools the model may call instead of answering (never together with `schema`)."""
 
@@ -134,7 +135,9 @@ class ChatProvider(Protocol):
         api_key: str | None,
         on_text: TextSink | None,
     ) -> ChatResult:
-        """Calls the model once. Streams text to `on_text` when given and no schema is set.
+        """Calls the model once. Streams its text to `on_text` when given (a structured
+        answer's JSON too, where the provider streams it: the harness times an attempt by
+        its chunks, and nobody shows a plan's).
 
         Raises:
             ModelError: a subclass saying what failed (timeout, 429, 5xx, 4xx, bad output).

@@ -854,7 +854,8 @@ type ModelRef struct {
 	Temperature *float64 `protobuf:"fixed64,3,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
 	// Per-attempt timeout in milliseconds (default 60,000, at most 600,000):
 	// how long an answer may be silent, before its first chunk or between two
-	// (replies, plans and memory proposals are all streamed from the server).
+	// (replies, plans and memory proposals alike stream from an
+	// OpenAI-compatible server).
 	// The run's deadline bounds every attempt.
 	TimeoutMs     uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields

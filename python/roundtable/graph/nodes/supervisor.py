@@ -85,14 +85,19 @@ def by_id(plan: SupervisorPlan, snapshot: Snapshot) -> SupervisorPlan:
     known = {m.member_id for m in snapshot.members}
     if all(step.member_id in known for step in plan.steps):
         return plan
-    names: dict[str, str] = {}
+    # As `directives._names` settles a clash: an id ("kai", any case) beats another
+    # member's name or alias, and a spelling that folds to nothing names nobody.
+    names = {fold(m.member_id): m.member_id for m in snapshot.members}
     for member in snapshot.members:
         for spelled in (member.display_name, *member.aliases):
-            names.setdefault(fold(spelled).strip(), member.member_id)
+            folded = fold(spelled).strip()
+            if folded:
+                names.setdefault(folded, member.member_id)
     for step in plan.steps:
         if step.member_id not in known:
             spelled = fold(step.member_id).strip().removeprefix("@")
-            step.member_id = names.get(spelled, step.member_id)
+            if spelled:
+                step.member_id = names.get(spelled, step.member_id)
     return plan
 
 

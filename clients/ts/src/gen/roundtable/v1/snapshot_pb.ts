@@ -432,7 +432,8 @@ export type ModelRef = Message<"roundtable.v1.ModelRef"> & {
   /**
    * Per-attempt timeout in milliseconds (default 60,000, at most 600,000):
    * how long an answer may be silent, before its first chunk or between two
-   * (replies, plans and memory proposals are all streamed from the server).
+   * (replies, plans and memory proposals alike stream from an
+   * OpenAI-compatible server).
    * The run's deadline bounds every attempt.
    *
    * @generated from field: uint32 timeout_ms = 4;
