@@ -192,15 +192,22 @@ def _director(plans: list[SupervisorPlan]):
     return plan
 
 
-async def test_supervisor_plan_is_followed(start_server) -> None:
+@pytest.mark.parametrize(
+    "spelled",
+    [("c", "a"), ("Carol", "@ALICE")],
+    # Outside testing: a real model wrote the members' names ("Kai, Lin"), not their ids,
+    # and the plan fell back to one member.
+    ids=["ids", "names"],
+)
+async def test_supervisor_plan_is_followed(start_server, spelled: tuple[str, str]) -> None:
     model = ScriptedProvider(
         reply=lambda call, attempt: "ok",
         plan=_director(
             [
                 SupervisorPlan(
                     steps=[
-                        SupervisorStep(member_id="c", task="Question the premise."),
-                        SupervisorStep(member_id="a", task="Summarise."),
+                        SupervisorStep(member_id=spelled[0], task="Question the premise."),
+                        SupervisorStep(member_id=spelled[1], task="Summarise."),
                     ],
                     converged=True,
                 )
@@ -261,33 +268,6 @@ async def test_a_plans_unusable_token_budgets_are_left_unset_or_cut_not_the_plan
         ).token_budget
         is None
     )
-
-
-async def test_a_plan_naming_members_by_name_or_alias_is_followed(start_server) -> None:
-    # Outside testing: a real model wrote the members' names ("Kai, Lin"), not their ids,
-    # and the plan fell back to one member.
-    model = ScriptedProvider(
-        reply=lambda call, attempt: "ok",
-        plan=_director(
-            [
-                SupervisorPlan(
-                    steps=[
-                        SupervisorStep(member_id="Carol", task="Question the premise."),
-                        SupervisorStep(member_id="@ALICE", task="Summarise."),
-                    ],
-                    converged=True,
-                )
-            ]
-        ),
-    )
-    async with start_server(providers={"scripted": model}) as server:
-        events = await run(
-            server.address,
-            start_request("what is the best tea?", default_model=model_ref("scripted", "d")),
-        )
-    plan = of_kind(events, "plan_created")[0].plan_created
-    assert plan.source == epb.PLAN_SOURCE_SUPERVISOR, plan.fallback_reason
-    assert [f.member_id for f in finals(events)] == ["c", "a"]
 
 
 async def test_a_count_off_under_a_budget_of_one_token_is_not_asked_again(stub) -> None:
