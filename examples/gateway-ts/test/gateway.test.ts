@@ -185,7 +185,14 @@ test("gateway-ts: an @mention's memory is accepted once, then rejected as a dupl
   assert.equal(first.summary.accepted_memories.length, 1);
   assert.equal(first.summary.accepted_memories[0]?.member_id, "mei");
   assert.match(first.summary.accepted_memories[0]?.content ?? "", /green tea/);
-  const second = await gateway(["--target", server.address, "--db", db, "--thread-id", "tea", "--text", text]);
+  // The same words again propose nothing: Mei has that memory now, and Roundtable drops a
+  // proposal it holds word for word. Said otherwise, they are proposed, and the gateway's
+  // own rule (case and spacing aside) rejects the duplicate.
+  const same = await gateway(["--target", server.address, "--db", db, "--thread-id", "tea", "--text", text]);
+  assert.equal(same.code, 0, same.stderr);
+  assert.deepEqual([same.summary.accepted_memories, same.summary.rejected_memories], [[], []]);
+  const louder = "@Mei remember that I prefer GREEN  tea";
+  const second = await gateway(["--target", server.address, "--db", db, "--thread-id", "tea", "--text", louder]);
   assert.equal(second.code, 0, second.stderr);
   assert.deepEqual(second.summary.accepted_memories, []);
   assert.match(second.summary.rejected_memories[0]?.reason ?? "", /duplicate of memory mem-/);
