@@ -14,6 +14,7 @@ import pytest
 from roundtable.graph.nodes.supervisor import SupervisorPlan
 from roundtable.models.structured import portable_schema
 from roundtable.v1 import events_pb2 as epb
+from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
 from support.builders import collect, finals, member, of_kind, start_request
@@ -28,6 +29,16 @@ def store_url(tmp_path: Path) -> Iterator[str]:
 
 def refusing_ref(base_url: str) -> spb.ModelRef:
     return spb.ModelRef(target=spb.ModelTarget(provider="openai", model="llama", base_url=base_url))
+
+
+def group_turn(text: str, server: OpenAITestServer, run_id: str) -> pb.StartRunRequest:
+    """A group turn of Alice and Bob whose every model call goes to `server`."""
+    return start_request(
+        text,
+        members=[member("a", "Alice"), member("b", "Bob")],
+        default_model=refusing_ref(server.base_url),
+        run_id=run_id,
+    )
 
 
 def formats(server: OpenAITestServer) -> list[str]:
@@ -138,12 +149,7 @@ async def test_the_runs_usage_counts_a_plan_that_did_not_fit_and_a_failed_propos
             Reply(text="Tea.", usage=(10, 5)),
             Reply(text="no proposals either", usage=(7, 2)),
         )
-        request = start_request(
-            "Remember that I like tea.",
-            members=[member("a", "Alice"), member("b", "Bob")],
-            default_model=refusing_ref(model_server.base_url),
-            run_id="usage-1",
-        )
+        request = group_turn("Remember that I like tea.", model_server, "usage-1")
         events = await collect(stub.StartRun(request))
     plan = of_kind(events, "plan_created")[0].plan_created
     assert plan.source == epb.PLAN_SOURCE_FALLBACK
@@ -164,12 +170,7 @@ async def test_the_schemas_sent_hold_member_and_reply_ids_to_the_snapshots(
             Reply(text="Oolong."),
             Reply(text=json.dumps({"proposals": []})),
         )
-        request = start_request(
-            "Remember that I like tea. Which one?",
-            members=[member("a", "Alice"), member("b", "Bob")],
-            default_model=refusing_ref(model_server.base_url),
-            run_id="enum-1",
-        )
+        request = group_turn("Remember that I like tea. Which one?", model_server, "enum-1")
         events = await collect(stub.StartRun(request))
     assert [f.member_id for f in finals(events)] == ["b"]
     schemas = [
