@@ -9,12 +9,15 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
+from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 from roundtable.domain.errors import ModelError, ModelRateLimited, ModelRejected, ModelUnavailable
 from roundtable.domain.snapshot import ModelRef, ModelTarget
 from roundtable.harness.chain import Harness
 from roundtable.harness.policies import HarnessPolicy, RetryPolicy
 from roundtable.harness.request import CallMeta, ModelRequest
 from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ModelToolCall, ToolSpec
+from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.models.openai_compat import build_openai_provider
 from support.openai_server import Call, Dialect, Fail, OpenAITestServer, Reply, ToolCalls
 
@@ -369,3 +372,38 @@ async def test_tool_calls_come_through_the_harness(server: OpenAITestServer) -> 
 
     assert result.tool_calls == (ModelToolCall("c", "clock", "{}"),)
     assert result.attempts == 2
+
+
+@pytest.mark.parametrize("path", ["sdk", "langchain"])
+async def test_a_long_streamed_argument_is_not_silence(path: str) -> None:
+    # Review of the silence timeout: only text reset it, so a model writing a long tool
+    # argument (a file's content, say) at a steady pace was cut as silent once the
+    # argument took longer than the timeout, asked again from the start, and failed.
+    async with OpenAITestServer(token_delay_s=0.02) as server:
+        long_note = {"city": "Paris", "note": "y" * 400}  # ≈55 frames: ≈1.1 s at 20 ms
+        server.script(ToolCalls((Call("weather", long_note, call_id="c1"),)))
+        if path == "sdk":
+            provider = build_openai_provider()
+        else:
+            provider = LangChainProvider(
+                "openai",
+                lambda target, _k: ChatOpenAI(
+                    model=target.model,
+                    base_url=target.base_url,
+                    api_key=SecretStr("none"),
+                    max_retries=0,
+                    streaming=True,
+                    stream_usage=True,
+                ),
+            )
+        harness = Harness({"openai": provider}, policy=HarnessPolicy(retry=RetryPolicy(max_retries=0)))
+        meta = CallMeta(thread_id="t", run_id="r", request_id="q", tenant="a", caller_node="n")
+        ref = ModelRef(target=_target(server), timeout_s=0.25)
+        streamed: list[str] = []
+        request = ModelRequest(ref=ref, call=_call(), meta=meta, on_text=streamed.append)
+
+        result = await harness.call(request)
+
+    assert result.tool_calls == (ModelToolCall("c1", "weather", json.dumps(long_note)),)
+    assert (result.attempts, streamed) == (1, [])
+    assert result.usage.output_tokens > 0

@@ -85,6 +85,11 @@ class _Silence:
         self.chunks += 1
         self._sink(text)
 
+    def heard(self) -> None:
+        """A chunk without text (a piece of a tool call, `models.base.heard`)."""
+        self.last = self._loop.time()
+        self.chunks += 1
+
     def charge(self, error: ModelError) -> None:
         """What the attempt streamed before it broke was generated, and billed: its chunks
         are its output tokens (`TokenUsage.counted`), unless its server reported them."""

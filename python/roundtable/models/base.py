@@ -82,6 +82,17 @@ def unheard(text: str) -> None:
     the attempt by its silence and count the tokens of one that breaks off."""
 
 
+def heard(on_text: TextSink | None) -> None:
+    """Tells `on_text` that the model sent a chunk without text (a piece of a tool call's
+    arguments), if it wants to know: the harness's silence watch does (`heard()`), since a
+    model writing a long argument is not silent and those pieces are output tokens too
+    (outside testing: a tool call whose arguments streamed for longer than the timeout,
+    with no text beside them, was cut as silent). Sinks of text alone are not told."""
+    note = getattr(on_text, "heard", None)
+    if note is not None:
+        note()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatCall:
     """What to ask a model, independent of which model answers."""

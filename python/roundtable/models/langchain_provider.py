@@ -29,7 +29,14 @@ from langchain_core.runnables import Runnable
 from roundtable.domain.errors import InvalidModelOutput, ModelError, ModelRejected, ModelUnavailable
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
-from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ModelFactory, TextSink
+from roundtable.models.base import (
+    ChatCall,
+    ChatMessage,
+    ChatResult,
+    ModelFactory,
+    TextSink,
+    heard,
+)
 from roundtable.models.streaming import STOP_GRACE_CHUNKS, OutputBudget, finish_reply, stop_now
 from roundtable.models.structured import (
     SchemaRefusals,
@@ -242,6 +249,7 @@ class LangChainProvider:
                                 stop_now(stop)
                                 break
                             tool_calls.add(piece.get("index"), piece.get("id"), tool, args)
+                            heard(on_text)
                         if budget.spent:
                             continue
                     if isinstance(chunk, AIMessage) and chunk.usage_metadata:

@@ -20,7 +20,7 @@ from langchain_core.language_models import BaseChatModel
 from roundtable.domain.errors import ModelError
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
-from roundtable.models.base import ChatCall, ChatResult, TextSink
+from roundtable.models.base import ChatCall, ChatResult, TextSink, heard
 from roundtable.models.streaming import STOP_GRACE_CHUNKS, OutputBudget, finish_reply, stop_now
 from roundtable.models.tool_calls import ToolCallAccumulator, openai_messages, openai_tools
 
@@ -96,6 +96,7 @@ async def stream_tool_reply(
                                 break
                             if budget.admits(_fragment_chars(piece)):
                                 calls.add_openai(piece)
+                                heard(on_text)
                         if budget.spent:
                             stop_now(stop)
                             break
