@@ -396,7 +396,9 @@ async def test_a_long_streamed_argument_is_not_silence(path: str) -> None:
                     stream_usage=True,
                 ),
             )
-        harness = Harness({"openai": provider}, policy=HarnessPolicy(retry=RetryPolicy(max_retries=0)))
+        harness = Harness(
+            {"openai": provider}, policy=HarnessPolicy(retry=RetryPolicy(max_retries=0))
+        )
         meta = CallMeta(thread_id="t", run_id="r", request_id="q", tenant="a", caller_node="n")
         ref = ModelRef(target=_target(server), timeout_s=0.25)
         streamed: list[str] = []

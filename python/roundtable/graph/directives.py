@@ -252,6 +252,17 @@ def _name_at(text: str, start: int, names: dict[str, list[_Name]]) -> _Name | No
     return None
 
 
+def member_named(spelled: str, members: tuple[Member, ...]) -> str | None:
+    """The id of the member `spelled` names whole ("Kai", "@梅", " kai "), read as a
+    mention reads a name: folded, by the same table and clash rule (`_names`), so a plan's
+    names and a user's @mentions can never name different members. None: nobody."""
+    text = fold(spelled).strip().removeprefix("@")
+    for name in _names(members).get(text[:1], ()):
+        if name.text == text:
+            return name.member_id
+    return None
+
+
 MAX_MENTION_TOKENS = 256
 """How many @-words of a text are matched against names."""
 

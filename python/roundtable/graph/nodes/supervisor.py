@@ -30,7 +30,7 @@ from roundtable.domain.snapshot import Snapshot
 from roundtable.graph import tasks
 from roundtable.graph.concurrency import by_marker
 from roundtable.graph.context import Drained, GraphContext
-from roundtable.graph.directives import fold
+from roundtable.graph.directives import member_named
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import supervisor_messages
 from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict
@@ -83,21 +83,9 @@ def by_id(plan: SupervisorPlan, snapshot: Snapshot) -> SupervisorPlan:
     "@梅") naming it by id, as a mention would (outside testing: a real model wrote the
     members' names, and the plan fell back)."""
     known = {m.member_id for m in snapshot.members}
-    if all(step.member_id in known for step in plan.steps):
-        return plan
-    # As `directives._names` settles a clash: an id ("kai", any case) beats another
-    # member's name or alias, and a spelling that folds to nothing names nobody.
-    names = {fold(m.member_id): m.member_id for m in snapshot.members}
-    for member in snapshot.members:
-        for spelled in (member.display_name, *member.aliases):
-            folded = fold(spelled).strip()
-            if folded:
-                names.setdefault(folded, member.member_id)
     for step in plan.steps:
         if step.member_id not in known:
-            spelled = fold(step.member_id).strip().removeprefix("@")
-            if spelled:
-                step.member_id = names.get(spelled, step.member_id)
+            step.member_id = member_named(step.member_id, snapshot.members) or step.member_id
     return plan
 
 
