@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from roundtable.domain.events import TokenUsage
 from roundtable.domain.plan import PlanStep
 
 
@@ -67,3 +68,12 @@ def step_to_dict(step: PlanStep) -> StepDict:
 def step_from_dict(data: StepDict) -> PlanStep:
     """The step of plain data (a checkpoint written before parallel groups has none)."""
     return PlanStep(**data)
+
+
+def tokens_with(state: ConversationState, usage: TokenUsage) -> ConversationState:
+    """The run's token counts with `usage` added: what a node that called models writes
+    (every attempt's tokens, failed ones too)."""
+    return {
+        "input_tokens": state.get("input_tokens", 0) + usage.input_tokens,
+        "output_tokens": state.get("output_tokens", 0) + usage.output_tokens,
+    }

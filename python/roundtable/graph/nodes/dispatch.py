@@ -24,7 +24,7 @@ from roundtable.domain.plan import PlanStep
 from roundtable.graph.concurrency import batches
 from roundtable.graph.context import Drained, GraphContext, Parked
 from roundtable.graph.member import SpeakerOutcome, speak
-from roundtable.graph.state import ConversationState, ReplyDict, step_from_dict
+from roundtable.graph.state import ConversationState, ReplyDict, step_from_dict, tokens_with
 
 
 def _logged_replies(state: ConversationState, ctx: GraphContext) -> list[ReplyDict]:
@@ -57,9 +57,7 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
     ctx = runtime.context
     replies = _logged_replies(state, ctx)
     done = {r["reply_id"] for r in replies}
-    logged = ctx.prior.usage_of(r["reply_id"] for r in replies[len(state.get("replies", [])) :])
-    input_tokens = state.get("input_tokens", 0) + logged.input_tokens
-    output_tokens = state.get("output_tokens", 0) + logged.output_tokens
+    spent = ctx.prior.usage_of(r["reply_id"] for r in replies[len(state.get("replies", [])) :])
     open_steps = [step_from_dict(s) for s in state.get("steps", []) if s["reply_id"] not in done]
     limit = ctx.request.snapshot.session.budgets.max_parallel_speakers
     group_of = {
@@ -75,19 +73,14 @@ async def dispatch(state: ConversationState, runtime: Runtime[GraphContext]) -> 
         for outcome in outcomes:
             if outcome is not None:
                 replies.append(outcome.reply)
-                input_tokens += outcome.usage.input_tokens
-                output_tokens += outcome.usage.output_tokens
+                spent += outcome.usage
         # A resumed group's logged replies came first: in plan order again, as a run that
         # never stopped has them (review: the next speakers, the next round's planner and
         # the memory proposal read them B, A, C; or B, C, A with one speaker left).
         replies.sort(key=_step_of)
         if None in outcomes:
             raise Drained(ctx.stop.reason)  # a stop came mid-group: its rest never started
-    return {
-        "replies": replies,
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
-    }
+    return {"replies": replies, **tokens_with(state, spent)}
 
 
 def _step_of(reply: ReplyDict) -> int:

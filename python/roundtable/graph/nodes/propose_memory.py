@@ -33,7 +33,7 @@ from roundtable.domain.snapshot import MAX_MEMORY_BYTES, Member, Snapshot
 from roundtable.graph.context import GraphContext
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import memory_messages
-from roundtable.graph.state import ConversationState, ReplyDict
+from roundtable.graph.state import ConversationState, ReplyDict, tokens_with
 from roundtable.harness.request import ModelRequest
 from roundtable.models.base import ChatCall, unheard
 
@@ -235,7 +235,4 @@ def _spent(state: ConversationState, usage: TokenUsage) -> ConversationState:
     """The run's token counts with `usage` added (nothing to write when it is none)."""
     if not (usage.input_tokens or usage.output_tokens):
         return {}
-    return {
-        "input_tokens": state.get("input_tokens", 0) + usage.input_tokens,
-        "output_tokens": state.get("output_tokens", 0) + usage.output_tokens,
-    }
+    return tokens_with(state, usage)

@@ -33,7 +33,7 @@ from roundtable.graph.context import Drained, GraphContext
 from roundtable.graph.directives import member_named
 from roundtable.graph.member import call_meta
 from roundtable.graph.prompts import supervisor_messages
-from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict
+from roundtable.graph.state import ConversationState, ReplyDict, step_to_dict, tokens_with
 from roundtable.harness.request import ModelRequest
 from roundtable.models.base import ChatCall, unheard
 
@@ -181,8 +181,7 @@ async def supervisor(state: ConversationState, runtime: Runtime[GraphContext]) -
         "round": round_no,
         "converged": converged,
         "source": source.value,
-        "input_tokens": state.get("input_tokens", 0) + usage.input_tokens,
-        "output_tokens": state.get("output_tokens", 0) + usage.output_tokens,
+        **tokens_with(state, usage),
     }
 
 
