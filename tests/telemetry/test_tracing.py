@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import grpc
+import pytest
 from roundtable.telemetry.attributes import CALLER_NODE, REQUEST_ID, RUN_ID, TENANT, THREAD_ID
 from roundtable.telemetry.setup import telemetry_from_env
 from roundtable.v1 import orchestrator_service_pb2 as pb
@@ -151,12 +152,25 @@ async def test_get_stream_and_cancel_spans_carry_the_run_they_are_about(start_se
                 await stub.GetRun(pb.GetRunRequest(**ids))
                 await collect(stub.StreamRun(pb.StreamRunRequest(**ids)))
                 await stub.CancelRun(pb.CancelRunRequest(**ids))
+                with pytest.raises(grpc.aio.AioRpcError) as gap:
+                    await collect(stub.StreamRun(pb.StreamRunRequest(**ids, after_seq=99)))
             telemetry.force_flush()
-    for rpc in ("GetRun", "StreamRun", "CancelRun"):
-        (span,) = receiver.named(f"/roundtable.v1.OrchestratorService/{rpc}")
-        attrs = span.attributes
-        assert (attrs[RUN_ID], attrs[TENANT], attrs[CALLER_NODE]) == ("traced-4", "tenant-1", rpc)
-        assert attrs[THREAD_ID] == "th-4", rpc  # review: StreamRun's had none
+    assert gap.value.code() is grpc.StatusCode.FAILED_PRECONDITION  # STREAM_GAP
+    spans = {
+        rpc: receiver.named(f"/roundtable.v1.OrchestratorService/{rpc}")
+        for rpc in ("GetRun", "StreamRun", "CancelRun")
+    }
+    assert [len(spans[rpc]) for rpc in spans] == [1, 2, 1]
+    for rpc, of_rpc in spans.items():
+        for span in of_rpc:
+            attrs = span.attributes
+            assert (attrs[RUN_ID], attrs[TENANT], attrs[CALLER_NODE]) == (
+                "traced-4",
+                "tenant-1",
+                rpc,
+            )
+            # Review: StreamRun's had none; then a failed one's (past the last seq) had none.
+            assert attrs[THREAD_ID] == "th-4", rpc
 
 
 async def test_a_failed_rpcs_span_says_its_status_code(start_server) -> None:

@@ -227,9 +227,13 @@ class OrchestratorServicer:
 
         async def open_stream() -> _Opened:
             self._admit_run(context, request.tenant, request.run_id, "StreamRun")
-            subscription = await self.manager.stream(
-                request.tenant, request.run_id, request.after_seq
-            )
+            try:
+                subscription = await self.manager.stream(
+                    request.tenant, request.run_id, request.after_seq
+                )
+            except RoundtableError as exc:
+                self._mark_run(request.tenant, request.run_id, "StreamRun", exc.thread_id)
+                raise
             self._mark_run(request.tenant, request.run_id, "StreamRun", subscription.thread_id)
             return _Opened(subscription, request.tenant, request.run_id)
 

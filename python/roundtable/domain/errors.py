@@ -17,6 +17,9 @@ class RoundtableError(Exception):
 
     message: ClassVar[str] = "roundtable error"
     retryable: ClassVar[bool] = False
+    thread_id: str = ""
+    """The thread of the run the error is about, where the code raising it knows it: the
+    failed RPC's span carries it (a StreamRun past the run's last seq, say)."""
 
     def __init__(self, detail: str = "") -> None:
         self.detail = detail

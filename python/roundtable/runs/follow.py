@@ -41,7 +41,7 @@ class Follower:
         self, record: RunRecord, *, after_seq: int, takeover: Takeover | None = None
     ) -> Subscription:
         """A stream of the run's events after `after_seq`, to its end."""
-        subscription = Subscription([], ended=False, buffer=self.buffer)
+        subscription = Subscription([], ended=False, buffer=self.buffer, thread_id=record.thread_id)
         subscription.follower = asyncio.create_task(
             self._pump(record.tenant, record.run_id, after_seq, subscription, takeover),
             name=f"follow:{record.run_id}",

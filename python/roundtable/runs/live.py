@@ -36,7 +36,9 @@ class Subscription:
     StreamRun(after_seq = the last seq it received).
     """
 
-    def __init__(self, backlog: list[Envelope], *, ended: bool, buffer: int = 0) -> None:
+    def __init__(
+        self, backlog: list[Envelope], *, ended: bool, buffer: int = 0, thread_id: str = ""
+    ) -> None:
         # A deque and one waiter rather than an asyncio.Queue: one reader, and a parked
         # run keeps a stream per client, so the Queue's three more deques (~2 KB) count.
         self._items: deque[Envelope | _Merged | None] = deque(backlog)
@@ -54,8 +56,8 @@ class Subscription:
         (a resumed run's events read from the log may be published after the read)."""
         self.follower: asyncio.Task[None] | None = None
         """For a run another replica executes: the task that pumps its event log in."""
-        self.thread_id = ""
-        """The run's thread, for the stream's span (set by `RunManager.stream`)."""
+        self.thread_id = thread_id
+        """The run's thread, for the stream's span."""
 
     @property
     def full(self) -> bool:
@@ -268,7 +270,12 @@ class LiveRun:
         self.check_room()
         since = head[-1].seq if head else after_seq
         backlog = [*head, *(e for e in self.backlog if e.seq > since)]
-        sub = Subscription(backlog, ended=self.done.is_set(), buffer=self.buffer)
+        sub = Subscription(
+            backlog,
+            ended=self.done.is_set(),
+            buffer=self.buffer,
+            thread_id=self.record.thread_id,
+        )
         # Live events are handed over only past what the stream asked for and was given.
         sub.seen = max(sub.seen, since)
         if not self.done.is_set():

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from roundtable.domain.errors import Draining, RunNotFound, StreamGap
+from roundtable.domain.errors import Draining, RoundtableError, RunNotFound, StreamGap
 from roundtable.domain.events import Envelope
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.directives import classify, words_hash
@@ -297,20 +297,21 @@ class RunManager:
         record = live.record if live is not None else await self.log.store.get_run(tenant, run_id)
         if record is None:
             raise RunNotFound(run_id)
-        if live is not None:
+        try:
+            if live is None:
+                if record.status in LEASED and record.leased_by_other(self.owner, time.time()):
+                    return self.follower.follow(record, after_seq=after_seq)
+                return await replay(self.log, record, after_seq=after_seq, strict=True)
             if after_seq > record.last_seq:
                 # As for a finished run: a seq the run never gave out is the caller's
                 # mistake (another run's seq, say), not something to wait for.
                 raise StreamGap(
                     f"after_seq {after_seq} is past the run's last seq {record.last_seq}"
                 )
-            sub = await self._subscribe(live, after_seq=after_seq)
-        elif record.status in LEASED and record.leased_by_other(self.owner, time.time()):
-            sub = self.follower.follow(record, after_seq=after_seq)
-        else:
-            sub = await replay(self.log, record, after_seq=after_seq, strict=True)
-        sub.thread_id = record.thread_id
-        return sub
+            return await self._subscribe(live, after_seq=after_seq)
+        except RoundtableError as exc:
+            exc.thread_id = record.thread_id  # for the RPC's span
+            raise
 
     async def _subscribe(self, live: LiveRun, *, after_seq: int) -> Subscription:
         """A stream of a run this process executes: durable events after `after_seq`, then

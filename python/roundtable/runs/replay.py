@@ -42,7 +42,7 @@ def stored_stream(record: RunRecord, events: list[Envelope], last: Envelope | No
     the gateway send a StartRun that can only replay it.
     `events` are what the stream gives; `last` is the log's last event.
     """
-    sub = Subscription(events, ended=True)
+    sub = Subscription(events, ended=True, thread_id=record.thread_id)
     log_ends = last is not None and last.terminal
     if record.status is RunStatus.CONTINUED:
         resumable = last is not None and (
