@@ -221,3 +221,53 @@ async def test_a_parallel_speaker_resumed_after_approval_does_not_see_its_groups
     assert "noted 'buy milk' (1)" in by_member["mei"]
     # The offline model answers in Chinese when its prompt holds Chinese: Lin's reply would.
     assert by_member["mei"].startswith("note says")
+
+
+@dataclass
+class AsksTwice(EagerTools):
+    """Calls `slow` for one second, twice with the same arguments, then answers."""
+
+    async def complete(
+        self, target: ModelTarget, call: ChatCall, *, api_key: str | None, on_text: TextSink | None
+    ) -> ChatResult:
+        self.calls.append(call)
+        told = [m.content for m in call.messages if m.role == "tool"]
+        if len(told) < 2:
+            arguments = json.dumps({"seconds": 1})
+            return ChatResult(tool_calls=(ModelToolCall(f"s{len(told)}", "slow", arguments),))
+        return ChatResult(text="I could not tell whether it ran.")
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_a_write_that_timed_out_is_said_to_maybe_have_run_and_goes_again_under_its_key(
+    start_server, mcp: McpServerProcess, read_only: bool
+) -> None:
+    # Review: a write tool that timed out was told to the model as "could not be run"; the
+    # model asked again, the call went under a new key, and the write ran twice.
+    run_id = f"write-timeout-{read_only}"
+    request = tool_request("do the slow thing", mcp, run_id)
+    mei = request.snapshot.members[0]
+    mei.model.CopyFrom(model_ref("eager"))
+    mei.tool_names.append("slow")
+    request.snapshot.session.tools.add(
+        name="slow",
+        description="Takes its time.",
+        input_schema_json=json.dumps({"type": "object"}),
+        server_id="local",
+        read_only=read_only,
+        timeout_ms=200,
+    )
+    provider = AsksTwice()
+    events = await run_with(start_server, provider, request)
+
+    (final,) = finals(events)
+    told = [m.content for m in provider.calls[-1].messages if m.role == "tool"]
+    assert len(told) == 2
+    keys = mcp.counts("slow")
+    if read_only:
+        assert all("could not be run" in t for t in told)
+        assert sum(keys.values()) >= 2  # a read is retried as it likes, under its own keys
+    else:
+        assert all("it may have run" in t and "可能已经执行" in t for t in told)
+        assert keys == {sent_key(run_id, f"{run_id}#0/1"): 2}, "the second went as the first"
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_FAILED] * 2

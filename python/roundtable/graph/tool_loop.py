@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from roundtable.domain.errors import ToolError
+from roundtable.domain.errors import ToolError, ToolTimeout
 from roundtable.domain.events import PermissionRequired, TokenUsage
 from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Member, Snapshot
@@ -258,13 +258,14 @@ class ToolLoop:
         run = self.ctx.request.context
         snapshot: Snapshot = self.ctx.request.snapshot
         server = snapshot.tool_server(tool.server_id)
-        key = record.key_to_send
+        key = record.key_to_send if tool.read_only else self._write_key(record)
         if not tool.read_only:
             # Write-ahead: a crash after this line re-sends the call with the same key
             # (the server deduplicates on it); a read-only call is simply run again.
             await self.runtime.store.start_tool_call(
                 run.tenant, run.run_id, record.call_key, sent_key=key
             )
+            record.sent_key = key
         token = self.ctx.credentials.get(server.credential_ref) if server.credential_ref else None
         ref = ToolCallRef(tool=tool, server=server, arguments=arguments, key=key)
         try:
@@ -272,13 +273,29 @@ class ToolLoop:
                 ToolRequest(ref=ref, meta=self.meta, token=token)
             )
         except ToolError as exc:
-            return await self._finish(
-                record,
-                f"The tool could not be run ({exc.code}). / 工具无法运行（{exc.code}）。",
-                ToolOutcome.FAILED,
-            )
+            if isinstance(exc, ToolTimeout) and not tool.read_only:
+                text = MAY_HAVE_RUN.format(code=exc.code)
+            else:
+                text = f"The tool could not be run ({exc.code}). / 工具无法运行（{exc.code}）。"
+            return await self._finish(record, text, ToolOutcome.FAILED)
         outcome = ToolOutcome.FAILED if result.is_error else ToolOutcome.OK
         return await self._finish(record, result.text, outcome)
+
+    def _write_key(self, record: ToolCallRecord) -> str:
+        """The key a write call goes with: that of an earlier call of this reply to the same
+        tool with the same arguments that timed out (it may have run, and the model, told
+        so, asks again), so a server that deduplicates runs it once; else its own."""
+        if not record.sent_key:
+            for earlier in self.records:
+                if (
+                    earlier.sent_key
+                    and earlier.call_key != record.call_key
+                    and earlier.tool == record.tool
+                    and earlier.arguments_to_run == record.arguments_to_run
+                    and earlier.result_text.startswith(MAY_HAVE_RUN_OPENING)
+                ):
+                    return earlier.sent_key
+        return record.key_to_send
 
     async def _finish(
         self, record: ToolCallRecord, text: str, outcome: ToolOutcome
@@ -308,6 +325,18 @@ class ToolLoop:
         for i, known in enumerate(self.records):
             if known.call_key == record.call_key:
                 self.records[i] = record
+
+
+MAY_HAVE_RUN_OPENING = "The tool call was sent, but its answer never came"
+MAY_HAVE_RUN = (
+    MAY_HAVE_RUN_OPENING + " ({code}); it may have run. Do not call it again unless you know "
+    "it did not: called again with the same arguments, it goes with the same idempotency "
+    "key, so a server that deduplicates runs it once. / 工具调用已发出，但没有收到结果"
+    "（{code}），它可能已经执行。除非确知它没有执行，否则不要再次调用：以相同参数再次调用时"
+    "会使用同一个幂等键，支持去重的服务器只会执行一次。"
+)
+"""What the model is told of a write call that timed out (review: it was told the tool
+"could not be run", so it asked again, under a new key, and the write ran twice)."""
 
 
 def _call_id(record: ToolCallRecord) -> str:

@@ -257,7 +257,10 @@ export const ToolServerSchema: GenMessage<ToolServer> = /*@__PURE__*/
  * model sees it. A run that resumes (after a crash, a cancel, a move to
  * another replica) replays recorded calls instead of calling again; a call
  * that was sent but whose result was not recorded is sent again with the same
- * key, so a write tool that deduplicates on the key runs once.
+ * key, so a write tool that deduplicates on the key runs once. A write call
+ * that timed out is told to the model as one that may have run; a call the
+ * model makes again in the same reply, to the same tool with the same
+ * arguments, goes with the first one's key.
  *
  * @generated from message roundtable.v1.Tool
  */
