@@ -194,6 +194,20 @@ def test_a_negation_or_a_question_without_its_mark_is_no_memory_in_either_langua
     assert remembered(text) == []
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "请登记住址。",  # outside testing: 登记 + 住址 proposed the memory "址"
+        "請登記住址",
+        "I misremember that address.",  # the English twin: a cue inside another word
+        "Nothing remembered that day.",
+    ],
+)
+def test_a_cue_inside_another_word_is_no_memory_in_either_language(text: str) -> None:
+    assert remembered(text) == []
+    assert remembered(f"{text} 记住我住在巴黎") == ["我住在巴黎"]
+
+
 def test_a_cue_in_traditional_characters_keeps_the_fact_as_written() -> None:
     assert remembered("記住我住在巴黎") == ["我住在巴黎"]
     assert remembered("你記住我的貓了嗎") == []  # review: 嗎 was not read as 吗

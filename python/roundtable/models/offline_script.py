@@ -34,7 +34,14 @@ def _as_words(cue: str) -> str:
     return rf"(?<!\w){re.escape(cue)}" + (r"\b" if cue[-1].isalnum() else "")
 
 
+CUE_INSIDE_WORDS = ("登",)
+"""Characters before a Chinese cue that make it part of other words, as English cues are
+read only as whole words: 登记 + 住址 ("请登记住址" asks to register an address, not to
+remember "址"; outside testing)."""
+
+
 _EXPLICIT_MEMORY = re.compile(
+    rf"(?<![{''.join(CUE_INSIDE_WORDS)}])"
     rf"(?:(?:{alternation(REMEMBER, _as_words)})[:：,，]?\s*([^.!?。！？\n]+))"
     rf"|((?:{alternation(PREFER, _as_words)})\s*[^.!?。！？\n]+)",
     re.IGNORECASE,
