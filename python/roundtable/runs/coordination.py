@@ -326,7 +326,15 @@ class SharedCoordination:
         """
         fresh, mark = marks.take_cancel_mark() if marks is not None else (False, None)
         if not fresh:
-            current = await self.store.get_run(record.tenant, record.run_id)
+            try:
+                current = await self.store.get_run(record.tenant, record.run_id)
+            except Exception as exc:  # the store is unreachable: ask again next time
+                # A cancel not heard now is heard at the next boundary or poll: a store
+                # error here failed the run at a speaker boundary, and ended a queued
+                # run's poll for good (it never heard a cancel after). A store that stays
+                # down fails the run at its next write, as it should.
+                log.warning("reading the run's cancel failed: %s", type(exc).__name__)
+                return ""
             if current is not None and current.cancel_mode:
                 mark = CancelMark(current.cancel_mode, current.cancel_reason)
         if mark is None or (immediate_only and mark.mode != "immediate"):
