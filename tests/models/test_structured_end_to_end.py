@@ -184,6 +184,9 @@ async def test_the_schemas_sent_hold_member_and_reply_ids_to_the_snapshots(
     proposal = proposed["properties"]["proposals"]["items"]["properties"]
     assert proposal["member_id"]["enum"] == ["a", "b"]
     assert proposal["evidence_reply_ids"]["items"]["enum"] == ["enum-1#0", "user"]
+    # Each at most once: held to real ids, SmolLM2 still wrote them over and over.
+    assert proposal["evidence_reply_ids"]["maxItems"] == 2
+    assert "maxItems" not in planned["properties"]["steps"], "steps are bounded elsewhere"
     # The schema said in the prompt is the same, and the cached one is left as it was.
     assert '"enum": ["a", "b"]' in str(model_server.requests[0].messages[0]["content"])
     cached = portable_schema(SupervisorPlan)["properties"]["steps"]["items"]["properties"]

@@ -106,7 +106,8 @@ class ChatCall:
     """For a structured call: the only values some string fields of the answer may take in
     this call, as (a dotted path of properties through arrays, the values): the JSON
     schema sent (and said in the prompt) holds them as an `enum`, so a server that
-    constrains decoding cannot write another (`("steps.member_id", ("lin", "bo"))`).
+    constrains decoding cannot write another (`("steps.member_id", ("lin", "bo"))`), and a
+    list of them as at most that many items.
     Pydantic still validates the answer, and a provider without JSON schemas ignores it."""
     tools: tuple[ToolSpec, ...] = ()
     """Tools the model may call instead of answering (never together with `schema`)."""

@@ -9,9 +9,10 @@ of JSON Schema. So a schema is sent in its most portable form:
 - `response_format: {"type": "json_schema", "json_schema": {..., "strict": false}}`, whose
   schema is pydantic's with every `$ref` inlined, `Optional[X]` sent as `X` (not
   required), and only the keywords every converter knows (type, properties, required,
-  items, enum, description, and a short maxLength): other bounds, long lengths and
-  patterns stay in pydantic, which validates every answer anyway. A call's `choices` (the
-  snapshot's member ids, the turn's reply ids) are added as enums.
+  items, enum, description, a short maxLength): other bounds, long lengths and patterns
+  stay in pydantic, which validates every answer anyway. A call's `choices` (the
+  snapshot's member ids, the turn's reply ids) are added as enums, and a list of them
+  gets `maxItems` (llama.cpp's converter and llama-server take it: checked).
 - When a server refuses that request (an HTTP error answered to it), the same attempt asks
   again in JSON mode (`{"type": "json_object"}`), with the schema in the prompt; the
   target is remembered, so its later calls go to JSON mode at once.
@@ -114,7 +115,9 @@ def schema_with(schema: type[BaseModel], choices: Choices) -> dict[str, Any]:
     """The portable schema with `choices` said as enums: a real model (SmolLM2 on
     llama-server) wrote display names, "user" and 64-digit numbers for member ids, and
     reply ids "#1" to "#53" until its token cap, where a grammar held to the snapshot's
-    ids lets it write nothing else (outside testing)."""
+    ids lets it write nothing else (outside testing). A list of the values themselves
+    (`evidence_reply_ids`) holds each at most once, so it gets `maxItems` too: held to real
+    ids, the same model still wrote them over and over until its cap."""
     portable = portable_schema(schema)
     if not choices:
         return portable
@@ -122,10 +125,12 @@ def schema_with(schema: type[BaseModel], choices: Choices) -> dict[str, Any]:
     for path, values in choices:
         node = out
         for name in path.split("."):
-            node = node["properties"][name]
+            node, array = node["properties"][name], None
             while node.get("type") == "array":
-                node = node["items"]
+                array, node = node, node["items"]
         node["enum"] = list(values)
+        if array is not None:  # the path's last property is a list of these values
+            array["maxItems"] = len(values)
     return out
 
 
