@@ -22,7 +22,7 @@ from roundtable.harness.request import CallMeta, ModelRequest
 from roundtable.models.base import ChatCall, ChatMessage, ChatResult
 from roundtable.models.openai_compat import build_openai_provider, map_openai_error
 from roundtable.models.structured import portable_schema
-from support.openai_server import Delay, Fail, Hangup, OpenAITestServer, RecordedRequest, Reply
+from support.openai_server import Delay, Fail, OpenAITestServer, RecordedRequest, Reply
 
 API_KEY = "sk-test-4f9c2b7e1d"
 PROMPT = "What is the capital of Atlantis?"
@@ -325,33 +325,6 @@ async def test_a_connection_dropped_mid_answer_says_so(server: OpenAITestServer)
         await _complete(server)
     assert caught.value.detail == "the server closed the connection mid-answer"
     assert caught.value.retryable
-
-
-async def test_a_request_the_server_hangs_up_on_before_answering_is_sent_once_more(
-    server: OpenAITestServer,
-) -> None:
-    # Outside testing: llama-server closed a kept-alive connection as a request reused it;
-    # the call failed at once ("mid-answer", which it was not), spent one of the harness's
-    # retries and was counted by the breaker. Nothing was answered: it is sent again, once.
-    server.script(Hangup(), Reply(text="Paris."))
-    harness = Harness({"openai": build_openai_provider(default_timeout_s=5.0)})
-    meta = CallMeta(thread_id="t", run_id="r", request_id="q", tenant="a", caller_node="n")
-    request = ModelRequest(ref=ModelRef(target=_target(server)), call=_call(), meta=meta)
-
-    result = await harness.call(request)
-
-    assert (result.text, result.attempts, len(server.requests)) == ("Paris.", 1, 2)
-
-
-async def test_a_server_that_hangs_up_twice_fails_the_attempt_and_says_so(
-    server: OpenAITestServer,
-) -> None:
-    server.script(Hangup(), Hangup(), Hangup())
-    with pytest.raises(ModelUnavailable) as caught:
-        await _complete(server)
-    assert caught.value.detail == "the server closed the connection before answering, twice"
-    assert caught.value.retryable
-    assert len(server.requests) == 2, "sent once more, not again and again"
 
 
 async def test_a_stream_cut_before_its_finish_reason_is_a_retryable_failure(

@@ -10,8 +10,8 @@ for, and a member's tools), streamed in the dialects real servers use (`ToolCall
         assert server.requests[0].authorization == "Bearer sk-test"
 
 Each request takes the next scripted step; once the script is empty the server echoes the
-last user message (`echo: <text>`). A step is `Reply`, `ToolCall`, `ToolCalls`, `Fail`,
-`Delay` or `Hangup`.
+last user message (`echo: <text>`). A step is `Reply`, `ToolCall`, `ToolCalls`, `Fail` or
+`Delay`.
 
 `OpenAITestServer(refuse_schema=500)` answers every request that sends a JSON schema (a
 `response_format` json_schema, or tools the model must call) with that HTTP error, as
@@ -181,13 +181,7 @@ class Delay:
     then: Reply | ToolCall | ToolCalls | Fail | None = None
 
 
-@dataclass(frozen=True)
-class Hangup:
-    """Closes the connection as soon as the request is read, with no byte of an answer: what
-    a client sees when it sends a request on a kept-alive connection the server is closing."""
-
-
-Step = Reply | ToolCall | ToolCalls | Fail | Delay | Hangup
+Step = Reply | ToolCall | ToolCalls | Fail | Delay
 
 
 @dataclass
@@ -273,10 +267,6 @@ class OpenAITestServer:
             if step is None:
                 last_user = [m for m in record.messages if m.get("role") == "user"][-1:]
                 step = Reply(text="echo: " + (last_user[0]["content"] if last_user else ""))
-            if isinstance(step, Hangup):
-                assert request.transport is not None
-                request.transport.abort()
-                return web.Response()
             if isinstance(step, Fail):
                 error = {"message": step.message, "type": "scripted_error", "code": None}
                 return web.json_response({"error": error}, status=step.status, headers=step.headers)

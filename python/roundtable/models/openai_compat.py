@@ -41,7 +41,6 @@ from roundtable.domain.errors import (
 )
 from roundtable.domain.snapshot import ModelTarget, http_url_problem
 from roundtable.models.base import ChatCall, ChatResult, ModelFactory, TextSink
-from roundtable.models.http import model_http_client
 from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.models.openai_tools import (
     sdk_client,
@@ -132,7 +131,6 @@ def http_status(status: int) -> str:
 # hosts, ports and sometimes URLs, whose query may hold a key.
 _TRANSPORT_CAUSES = {
     "RemoteProtocolError": "the server closed the connection mid-answer",
-    "ClosedBeforeAnswer": "the server closed the connection before answering, twice",
     "ReadError": "the connection failed while reading the answer",
     "WriteError": "the connection failed while sending the request",
     "ConnectTimeout": "connecting timed out",
@@ -290,8 +288,6 @@ def build_openai_provider(
 
     # The SDK's own Timeout type (its HTTP library, whichever it is).
     timeout = openai.Timeout(default_timeout_s, read=max(default_timeout_s, max_attempt_timeout_s))
-    # One HTTP client for every target (its pool keeps connections per server).
-    http_client = model_http_client(timeout)
 
     def factory(target: ModelTarget, api_key: str | None) -> BaseChatModel:
         return ChatOpenAI(
@@ -301,7 +297,6 @@ def build_openai_provider(
             api_key=SecretStr(api_key or NO_API_KEY),
             max_retries=0,
             timeout=timeout,
-            http_async_client=http_client,
             streaming=True,
             # ChatOpenAI leaves streamed usage off for any custom base_url, but budgets need
             # the counts; vLLM and recent Ollama and llama.cpp honour it.
