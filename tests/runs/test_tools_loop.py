@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
@@ -224,27 +225,27 @@ async def test_a_parallel_speaker_resumed_after_approval_does_not_see_its_groups
 
 
 @dataclass
-class AsksTwice(EagerTools):
-    """Calls `slow` for one second, twice with the same arguments, then answers."""
+class Turns(EagerTools):
+    """Asks for `slow` with the same arguments as many times in each model turn as `turns`
+    says, turn after turn, then answers."""
+
+    turns: tuple[int, ...] = (1, 1)
+    seconds: float = 1.0
 
     async def complete(
         self, target: ModelTarget, call: ChatCall, *, api_key: str | None, on_text: TextSink | None
     ) -> ChatResult:
         self.calls.append(call)
-        told = [m.content for m in call.messages if m.role == "tool"]
-        if len(told) < 2:
-            arguments = json.dumps({"seconds": 1})
-            return ChatResult(tool_calls=(ModelToolCall(f"s{len(told)}", "slow", arguments),))
-        return ChatResult(text="I could not tell whether it ran.")
+        if len(self.calls) > len(self.turns):
+            return ChatResult(text="I could not tell whether it ran.")
+        arguments = json.dumps({"seconds": self.seconds})
+        asked = range(self.turns[len(self.calls) - 1])
+        calls = tuple(ModelToolCall(f"s{len(self.calls)}-{i}", "slow", arguments) for i in asked)
+        return ChatResult(tool_calls=calls)
 
 
-@pytest.mark.parametrize("read_only", [False, True])
-async def test_a_write_that_timed_out_is_said_to_maybe_have_run_and_goes_again_under_its_key(
-    start_server, mcp: McpServerProcess, read_only: bool
-) -> None:
-    # Review: a write tool that timed out was told to the model as "could not be run"; the
-    # model asked again, the call went under a new key, and the write ran twice.
-    run_id = f"write-timeout-{read_only}"
+def slow_tool_request(mcp: McpServerProcess, run_id: str, **declared: Any) -> pb.StartRunRequest:
+    """`tool_request` whose member may also call `slow`, declared as `declared` says."""
     request = tool_request("do the slow thing", mcp, run_id)
     mei = request.snapshot.members[0]
     mei.model.CopyFrom(model_ref("eager"))
@@ -254,10 +255,21 @@ async def test_a_write_that_timed_out_is_said_to_maybe_have_run_and_goes_again_u
         description="Takes its time.",
         input_schema_json=json.dumps({"type": "object"}),
         server_id="local",
-        read_only=read_only,
-        timeout_ms=200,
+        **declared,
     )
-    provider = AsksTwice()
+    request.snapshot.session.budgets.max_tool_calls_per_speaker = 8
+    return request
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_a_write_that_timed_out_is_said_to_maybe_have_run_and_goes_again_under_its_key(
+    start_server, mcp: McpServerProcess, read_only: bool
+) -> None:
+    # Review: a write tool that timed out was told to the model as "could not be run"; the
+    # model asked again, the call went under a new key, and the write ran twice.
+    run_id = f"write-timeout-{read_only}"
+    request = slow_tool_request(mcp, run_id, read_only=read_only, timeout_ms=200)
+    provider = Turns(turns=(1, 1))
     events = await run_with(start_server, provider, request)
 
     (final,) = finals(events)
@@ -271,3 +283,32 @@ async def test_a_write_that_timed_out_is_said_to_maybe_have_run_and_goes_again_u
         assert all("it may have run" in t and "可能已经执行" in t for t in told)
         assert keys == {sent_key(run_id, f"{run_id}#0/1"): 2}, "the second went as the first"
     assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_FAILED] * 2
+
+
+@pytest.mark.parametrize(
+    ("turns", "keys"),
+    [
+        # Asked again after the failure: the first one's key; again after that one ran:
+        # its own key (a write made again on purpose runs again).
+        ((1, 1, 1), {"#0/1": 1, "#0/3": 1}),
+        # Asked twice in one model turn, before the model heard of the failure: two calls.
+        ((2,), {"#0/2": 1}),
+    ],
+    ids=["after-it-ran", "same-turn"],
+)
+async def test_a_write_goes_under_a_new_key_once_the_one_it_repeats_was_answered(
+    start_server, mcp: McpServerProcess, turns: tuple[int, ...], keys: dict[str, int]
+) -> None:
+    # Review of the above: the first timed-out call's key was reused for good, so a write
+    # made again on purpose after one that ran got the cached answer and never ran; and two
+    # calls of one model turn shared a key though the model had heard nothing yet.
+    run_id = f"write-again-{len(turns)}"
+    request = slow_tool_request(mcp, run_id, timeout_ms=5000)
+    mcp.fault(503)  # the first call fails: it may have run
+    provider = Turns(turns=turns, seconds=0)
+    await run_with(start_server, provider, request)
+
+    told = [m.content for m in provider.calls[-1].messages if m.role == "tool"]
+    assert "it may have run" in told[0] and "(TOOL_UNAVAILABLE)" in told[0]
+    assert told[1:] == ["slept 0"] * (sum(turns) - 1)
+    assert mcp.counts("slow") == {sent_key(run_id, run_id + k): n for k, n in keys.items()}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from roundtable.domain.errors import ToolError, ToolTimeout
+from roundtable.domain.errors import ToolError, ToolRateLimited, ToolTimeout, ToolUnavailable
 from roundtable.domain.events import PermissionRequired, TokenUsage
 from roundtable.domain.plan import PlanStep
 from roundtable.domain.snapshot import Member, Snapshot
@@ -273,8 +273,8 @@ class ToolLoop:
                 ToolRequest(ref=ref, meta=self.meta, token=token)
             )
         except ToolError as exc:
-            if isinstance(exc, ToolTimeout) and not tool.read_only:
-                text = MAY_HAVE_RUN.format(code=exc.code)
+            if _may_have_run(exc) and not tool.read_only:
+                text = may_have_run(exc.code)
             else:
                 text = f"The tool could not be run ({exc.code}). / 工具无法运行（{exc.code}）。"
             return await self._finish(record, text, ToolOutcome.FAILED)
@@ -282,19 +282,22 @@ class ToolLoop:
         return await self._finish(record, result.text, outcome)
 
     def _write_key(self, record: ToolCallRecord) -> str:
-        """The key a write call goes with: that of an earlier call of this reply to the same
-        tool with the same arguments that timed out (it may have run, and the model, told
-        so, asks again), so a server that deduplicates runs it once; else its own."""
-        if not record.sent_key:
-            for earlier in self.records:
-                if (
-                    earlier.sent_key
-                    and earlier.call_key != record.call_key
-                    and earlier.tool == record.tool
-                    and earlier.arguments_to_run == record.arguments_to_run
-                    and earlier.result_text.startswith(MAY_HAVE_RUN_OPENING)
-                ):
-                    return earlier.sent_key
+        """The key a write call goes with: the key of the last call of an earlier turn of
+        this reply to the same tool with the same arguments, when that one may have run (the
+        model, told so, asks again), so a server that deduplicates runs it once; else its
+        own. Not when that call got its answer (a call made again on purpose runs again),
+        nor within one model turn (the model asked for it twice before hearing anything)."""
+        if record.sent_key:
+            return record.key_to_send
+        same = [
+            earlier
+            for earlier in self.records
+            if earlier.turn < record.turn
+            and earlier.tool == record.tool
+            and earlier.arguments_to_run == record.arguments_to_run
+        ]
+        if same and same[-1].sent_key and same[-1].result_text in _MAY_HAVE_RUN_TEXTS:
+            return same[-1].sent_key
         return record.key_to_send
 
     async def _finish(
@@ -327,16 +330,31 @@ class ToolLoop:
                 self.records[i] = record
 
 
-MAY_HAVE_RUN_OPENING = "The tool call was sent, but its answer never came"
-MAY_HAVE_RUN = (
-    MAY_HAVE_RUN_OPENING + " ({code}); it may have run. Do not call it again unless you know "
-    "it did not: called again with the same arguments, it goes with the same idempotency "
-    "key, so a server that deduplicates runs it once. / 工具调用已发出，但没有收到结果"
-    "（{code}），它可能已经执行。除非确知它没有执行，否则不要再次调用：以相同参数再次调用时"
-    "会使用同一个幂等键，支持去重的服务器只会执行一次。"
+def _may_have_run(exc: ToolError) -> bool:
+    """Whether a failed call may have run: it timed out, or the server failed or the
+    connection broke while it ran (a 429 or an open breaker says it did not)."""
+    return isinstance(exc, ToolTimeout) or (
+        isinstance(exc, ToolUnavailable) and not isinstance(exc, ToolRateLimited)
+    )
+
+
+def may_have_run(code: str) -> str:
+    """What the model is told of a write call that may have run (review: it was told the
+    tool "could not be run", so it asked again, under a new key, and the write ran twice)."""
+    return (
+        f"The tool call was sent, but no answer came back ({code}): it may have run. Do not "
+        "call it again unless you know it did not; called again in this answer with the same "
+        "arguments, it goes with the same idempotency key, so a server that deduplicates "
+        f"runs it once. / 工具调用已发出，但没有收到结果（{code}），它可能已经执行。除非确知它"
+        "没有执行，否则不要再次调用；在本次回答中以相同参数再次调用时会使用同一个幂等键，"
+        "支持去重的服务器只会执行一次。"
+    )
+
+
+_MAY_HAVE_RUN_TEXTS = frozenset(
+    may_have_run(code) for code in (ToolTimeout.code, ToolUnavailable.code)
 )
-"""What the model is told of a write call that timed out (review: it was told the tool
-"could not be run", so it asked again, under a new key, and the write ran twice)."""
+"""The recorded results of calls that may have run (a tool's own answer never equals one)."""
 
 
 def _call_id(record: ToolCallRecord) -> str:

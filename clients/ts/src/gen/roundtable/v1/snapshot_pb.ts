@@ -258,9 +258,10 @@ export const ToolServerSchema: GenMessage<ToolServer> = /*@__PURE__*/
  * another replica) replays recorded calls instead of calling again; a call
  * that was sent but whose result was not recorded is sent again with the same
  * key, so a write tool that deduplicates on the key runs once. A write call
- * that timed out is told to the model as one that may have run; a call the
- * model makes again in the same reply, to the same tool with the same
- * arguments, goes with the first one's key.
+ * that timed out, or whose server failed or dropped the connection during it,
+ * is told to the model as one that may have run; a call the model makes again
+ * in a later turn of the same reply, to the same tool with the same
+ * arguments, goes with that call's key.
  *
  * @generated from message roundtable.v1.Tool
  */
