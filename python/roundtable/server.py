@@ -124,7 +124,7 @@ def coordination_for(store: RunStore, settings: Settings) -> Coordination:
     owner = settings.replica_id or default_owner()
     if store.shared:
         return SharedCoordination(store, owner=owner, lease_s=settings.lease_seconds)
-    return LocalCoordination(owner)
+    return LocalCoordination(store, owner)
 
 
 def build_run_manager(

@@ -26,7 +26,7 @@ from support.approvals import (
     sent_key,
     tool_request,
 )
-from support.builders import collect, finals, kinds, last_execution, of_kind
+from support.builders import collect, finals, kinds, last_execution, of_kind, start_request
 from support.mcp_server import McpServerProcess
 from support.stores import query
 
@@ -233,3 +233,45 @@ async def test_a_speaker_cut_short_after_its_approval_starts_again_on_the_next_s
     assert kinds(events)[-1] == "run_completed"
     assert [e.speaker_started.attempt for e in of_kind(events, "speaker_started")] == [3]
     assert mcp.counts("note") == {sent_key("restart-approved", asked.permission_request_id): 1}
+
+
+async def test_after_a_restart_a_run_waiting_for_approval_is_still_its_threads(
+    start_server: ServerFactory, mcp: McpServerProcess
+) -> None:
+    # Outside testing: after a restart the waiting run was nobody's, so a new turn of its
+    # thread started beside it, 停止 on the thread completed without stopping it, and a
+    # person then approved its write, which ran when its StartRun came again.
+    request = tool_request("use note for buy milk", mcp, "dormant")
+    thread = request.context.thread_id
+    async with (
+        start_server(lease_seconds=1.0) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        reader = Reader(stub.StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+    await asyncio.sleep(1.2)  # a replica's lease of it runs out too (Postgres)
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        turn = start_request("hello", run_id="dormant-2", thread_id=thread)
+        with pytest.raises(grpc.aio.AioRpcError) as busy:
+            await collect(stub.StartRun(turn))
+        assert busy.value.code() is grpc.StatusCode.FAILED_PRECONDITION  # THREAD_BUSY
+        stop = start_request("停止", run_id="dormant-3", thread_id=thread)
+        assert kinds(await collect(stub.StartRun(stop)))[-1] == "run_completed"
+        waiting = await stub.GetRun(pb.GetRunRequest(run_id="dormant", tenant="tenant-1"))
+        with pytest.raises(grpc.aio.AioRpcError) as decided:
+            await stub.ResolvePermission(resolve("dormant", asked.permission_request_id, APPROVE))
+        again = await collect(stub.StartRun(request))
+        after = await collect(stub.StartRun(turn))
+    assert waiting.run.status == pb.RUN_STATUS_CANCELLED and not waiting.run.pending_permissions
+    assert decided.value.code() is grpc.StatusCode.FAILED_PRECONDITION  # PERMISSION_DECIDED
+    assert "cancelled" in (decided.value.details() or "")
+    # Sent again, a cancelled run goes on (as after any cancel): its call stays denied.
+    (final,) = finals(last_execution(again))
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
+    assert kinds(after)[-1] == "run_completed", "the thread is free once it ended"
+    assert mcp.counts("note") == {}

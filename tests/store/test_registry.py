@@ -30,7 +30,7 @@ def record(run_id: str, status: RunStatus, *, lease_until: float = 0.0, age: flo
     )
 
 
-async def test_live_thread_runs_are_running_queued_or_parked_runs_under_a_live_lease(
+async def test_live_thread_runs_are_those_under_a_live_lease_and_parked_ones_nobody_holds(
     server,
 ) -> None:
     store = server.store
@@ -58,10 +58,16 @@ async def test_live_thread_runs_are_running_queued_or_parked_runs_under_a_live_l
     assert not await store.live_thread_runs(
         "acme", "t-1", exclude_run_id="", owner="replica-x", now=now
     )
-    # Once every lease has run out, nobody holds the thread (their replicas died).
-    assert not await store.live_thread_runs(
-        "acme", "t-1", exclude_run_id="", owner="me", now=now + 60
+    # Once every lease has run out, their replicas died: the parked run still waits for
+    # its StartRun (a person may still decide), the others are nobody's.
+    found = await store.live_thread_runs("acme", "t-1", exclude_run_id="", owner="me", now=now + 60)
+    assert ids(found) == ["parked"]
+    # A parked run no replica ever held (a single process's) is one too.
+    assert await store.create_run(record("unheld", RunStatus.AWAITING_APPROVAL, age=-2))
+    found = await store.live_thread_runs(
+        "acme", "t-1", exclude_run_id="", owner="replica-x", now=now
     )
+    assert ids(found) == ["unheld"]
 
 
 async def test_resumable_runs_newest_first_leaving_out_the_asking_run(server) -> None:

@@ -106,27 +106,39 @@ async def test_a_postgres_table_with_the_dropped_plan_columns_still_works() -> N
     assert "WHERE (status = 'awaiting_approval'::text)" in indexes["rt_runs_awaiting"]
 
 
-PARKED_LOOKUPS = ("renew_parked", "decided_parked")
+PARTIAL_LOOKUPS = {
+    "renew_parked": "rt_runs_awaiting",
+    "decided_parked": "rt_runs_awaiting",
+    "live_thread_runs": "rt_runs_thread_live",
+}
 """The statements of the parked-run watch and lease renewal, run every 0.2 s while a run
-waits: each must find parked runs through the partial index, not by reading every run."""
+waits, and the busy-thread look-up of every StartRun: each must find its runs through its
+partial index, not by reading every run (or every run of a long thread)."""
+LOOKUP_PARAMS = {
+    "owner": "replica-x",
+    "lease_until": 0.0,
+    "tenant": "acme",
+    "thread_id": "t-1",
+    "exclude_run_id": "r-1",
+    "now": 0.0,
+}
 
 
-async def test_sqlite_finds_parked_runs_through_the_partial_index(tmp_path: Path) -> None:
+async def test_sqlite_finds_parked_and_live_runs_through_the_partial_indexes(
+    tmp_path: Path,
+) -> None:
     store = await SqliteRunStore.open(tmp_path / "plans.db")
     try:
         sql = Statements.for_dialect(SQLITE)
-        for name in PARKED_LOOKUPS:
-            params = {"owner": "replica-x", "lease_until": 0.0}
-            plan = " ".join(
-                row[-1]
-                for row in store.conn.execute(f"EXPLAIN QUERY PLAN {getattr(sql, name)}", params)
-            )
-            assert "rt_runs_awaiting" in plan, (name, plan)
+        for name, index in PARTIAL_LOOKUPS.items():
+            statement = f"EXPLAIN QUERY PLAN {getattr(sql, name)}"
+            plan = " ".join(row[-1] for row in store.conn.execute(statement, LOOKUP_PARAMS))
+            assert index in plan, (name, plan)
     finally:
         await store.close()
 
 
-async def test_postgres_finds_parked_runs_through_the_partial_index() -> None:
+async def test_postgres_finds_parked_and_live_runs_through_the_partial_indexes() -> None:
     dsn = postgres_dsn()
     url = new_schema(dsn)
     try:
@@ -137,12 +149,10 @@ async def test_postgres_finds_parked_runs_through_the_partial_index() -> None:
             # An empty table is read whole whatever its indexes; this asks whether the
             # index can serve the lookup at all.
             conn.execute("SET enable_seqscan = off")
-            for name in PARKED_LOOKUPS:
-                params = {"owner": "replica-x", "lease_until": 0.0}
-                plan = " ".join(
-                    row[0] for row in conn.execute(f"EXPLAIN {getattr(sql, name)}", params)
-                )
-                assert "rt_runs_awaiting" in plan, (name, plan)
+            for name, index in PARTIAL_LOOKUPS.items():
+                statement = f"EXPLAIN {getattr(sql, name)}"
+                plan = " ".join(row[0] for row in conn.execute(statement, LOOKUP_PARAMS))
+                assert index in plan, (name, plan)
     finally:
         drop_schema(dsn, url)
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from roundtable.domain.snapshot import RunRequest
 from roundtable.graph.context import StopSignal
-from roundtable.runs.approvals import cancel_waiting
+from roundtable.runs.elsewhere import RemoteRun
 from roundtable.runs.follow import PARKED_POLL_MAX_S
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
@@ -52,6 +52,11 @@ class CancelMarks(Protocol):
         ...
 
 
+Dormant = Callable[[RunRecord], BusyRun | None]
+"""Makes a busy run of a run waiting for approval under no live lease (its process ended),
+or None when this process holds it after all."""
+
+
 class Coordination(Protocol):
     """The differing part of a run's life between one process and several replicas."""
 
@@ -64,8 +69,10 @@ class Coordination(Protocol):
         """Holds the thread against other replicas' StartRuns until `guard` closes."""
         ...
 
-    async def busy_elsewhere(self, request: RunRequest) -> list[BusyRun]:
-        """The thread's runs that other processes execute now."""
+    async def busy_elsewhere(self, request: RunRequest, dormant: Dormant) -> list[BusyRun]:
+        """The thread's runs that other processes execute now, and those waiting for
+        approval that no process holds (`dormant` makes them busy runs, or None for one
+        this process holds)."""
         ...
 
     async def append(self, append: Awaitable[CancelMark | None], accept: Accept) -> None:
@@ -108,7 +115,8 @@ class Coordination(Protocol):
 class LocalCoordination:
     """One process owns the store: nothing to lock, lease, fence or poll."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, store: RunStore, owner: str) -> None:
+        self.store = store
         self.owner = owner
 
     async def hold_thread(
@@ -116,9 +124,15 @@ class LocalCoordination:
     ) -> None:
         """Nothing to hold: this process's own runs are known in memory."""
 
-    async def busy_elsewhere(self, request: RunRequest) -> list[BusyRun]:
-        """No other process runs this store's runs."""
-        return []
+    async def busy_elsewhere(self, request: RunRequest, dormant: Dormant) -> list[BusyRun]:
+        """No other process runs this store's runs; but runs that an earlier process left
+        waiting for approval still wait (review: after a restart, 停止 did not stop such a
+        run, and a person then approved its write)."""
+        ctx = request.context
+        waiting = await self.store.live_thread_runs(
+            ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=time.time()
+        )
+        return [run for record in waiting if (run := dormant(record)) is not None]
 
     async def append(self, append: Awaitable[CancelMark | None], accept: Accept) -> None:
         """SQLite's append can only wait before it writes (a WAL checkpoint's last pass): a
@@ -180,14 +194,25 @@ class SharedCoordination:
         of one thread on two replicas never both see it idle."""
         await guard.enter_async_context(self.store.thread_lock(tenant, thread_id))
 
-    async def busy_elsewhere(self, request: RunRequest) -> list[BusyRun]:
+    async def busy_elsewhere(self, request: RunRequest, dormant: Dormant) -> list[BusyRun]:
         """The thread's runs (running, queued, or parked for approval) under another
-        replica's live lease."""
+        replica's live lease, and the runs parked for approval whose replica died (its
+        lease ran out): they wait for their StartRun again, one query for both."""
         ctx = request.context
+        now = time.time()
         busy = await self.store.live_thread_runs(
-            ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=time.time()
+            ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=now
         )
-        return [RemoteRun(self, record) for record in busy]
+        return [
+            run
+            for record in busy
+            if (
+                run := RemoteRun(self, record)
+                if record.leased_by_other(self.owner, now)
+                else dormant(record)
+            )
+            is not None
+        ]
 
     async def append(self, append: Awaitable[CancelMark | None], accept: Accept) -> None:
         """Over the network a cancel can land after the row was committed: the statement
@@ -356,31 +381,3 @@ class SharedCoordination:
             await asyncio.sleep(pause)
             parked = current.status is RunStatus.AWAITING_APPROVAL
             pause = min(pause * 2, PARKED_POLL_MAX_S) if parked else self.poll_s
-
-
-class RemoteRun:
-    """A thread's run on another replica, as the busy-thread policy sees it."""
-
-    def __init__(self, coordination: SharedCoordination, record: RunRecord) -> None:
-        self._coordination = coordination
-        self.record = record
-        self.run_id = record.run_id
-
-    async def stopping(self) -> bool:
-        """Whether a cancel was recorded for it when its row was read."""
-        return bool(self.record.cancel_mode)
-
-    async def stop(self, reason: str) -> None:
-        """Records a graceful cancel, honoured by its replica at its next speaker boundary;
-        a run parked for approval there has its waiting calls denied first (`cancelled`),
-        and that replica's watch of its parked runs wakes it to end."""
-        record = self.record
-        if record.status is RunStatus.AWAITING_APPROVAL:
-            await cancel_waiting(self._coordination.store, record.tenant, record.run_id)
-        await self._coordination.store.request_cancel(
-            record.tenant, record.run_id, "graceful", reason
-        )
-
-    async def wait(self) -> None:
-        """Polls its record until it has ended or its replica died."""
-        await self._coordination.wait_ended(self.record)

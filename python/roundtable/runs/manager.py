@@ -179,7 +179,7 @@ class RunManager:
         await self.coordination.hold_thread(ctx.tenant, ctx.thread_id, guard)
         busy = [
             *self.registry.busy(ctx.tenant, ctx.thread_id),
-            *await self.coordination.busy_elsewhere(request),
+            *await self.coordination.busy_elsewhere(request, self.parking.dormant),
         ]
         wait_for = await claim_thread(request, directive, busy)
         if record is None:

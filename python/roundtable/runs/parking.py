@@ -20,11 +20,13 @@ from typing import Any
 from roundtable.domain.errors import TooManyRuns
 from roundtable.runs.approvals import cancel_waiting
 from roundtable.runs.coordination import Coordination
+from roundtable.runs.elsewhere import DormantRun
 from roundtable.runs.execution import Executor
 from roundtable.runs.live import LiveRun
 from roundtable.runs.log import EventLog
 from roundtable.runs.progress import Progress, cancelled_event
 from roundtable.runs.registry import LiveRegistry
+from roundtable.runs.threads import BusyRun
 from roundtable.store.base import LeaseLost, RunRecord, RunStatus
 
 log = logging.getLogger(__name__)
@@ -197,6 +199,13 @@ class Parking:
         except LeaseLost:
             return False  # another replica took it meanwhile
         return True
+
+    def dormant(self, record: RunRecord) -> BusyRun | None:
+        """A run waiting for approval that no process holds, as a busy run of its thread
+        (`threads.DormantRun`); None when this process holds it (in the registry)."""
+        if self.registry.get(record.tenant, record.run_id) is not None:
+            return None
+        return DormantRun(record, self)
 
     def close(self) -> None:
         """Stops watching parked runs for good (the process is stopping: a run that parks

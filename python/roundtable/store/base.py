@@ -193,9 +193,10 @@ class RunStore(ToolCallStore, Protocol):
         self, tenant: str, thread_id: str, *, exclude_run_id: str, owner: str, now: float
     ) -> list[RunRecord]:
         """The runs of the thread, other than `exclude_run_id`, that replicas other than
-        `owner` hold a live lease on (running, queued, or parked for approval), oldest
-        first: what the busy-thread policy looks at across replicas (a replica knows its
-        own runs in memory)."""
+        `owner` hold a live lease on (running, queued, or parked for approval), and those
+        parked for approval under no live lease (their process ended: they wait for their
+        StartRun again), oldest first: what the busy-thread policy looks at beyond the
+        process's own runs, which it knows in memory."""
         ...
 
     async def mark_interrupted(self, *, expired_for_s: float = 0.0) -> list[tuple[str, str]]:

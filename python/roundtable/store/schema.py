@@ -174,8 +174,15 @@ TOOL_CALLS = Table(
 
 TABLES = (RUNS, EVENTS, TOOL_CALLS)
 
+LIVE_STATUS = "status IN ('running','queued','awaiting_approval')"
+"""The runs a thread may be busy with: rt_runs_thread_live's condition, which a query
+repeats word for word to use the index."""
+
 INDEXES = (
     Index("rt_runs_thread", RUNS.name, ("tenant", "thread_id", "created_at")),
+    # Every StartRun asks which runs of its thread are still going (`live_thread_runs`):
+    # only those are in it, so a long thread costs that query nothing more.
+    Index("rt_runs_thread_live", RUNS.name, ("tenant", "thread_id", "created_at"), LIVE_STATUS),
     Index("rt_runs_continued", RUNS.name, ("tenant", "continued_by")),
     # The parked-run watch (every 0.2 s per replica while anything waits) and the lease
     # renewal of parked runs look parked runs up by owner. Partial: only parked runs are

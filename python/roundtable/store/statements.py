@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from roundtable.store.base import RunRecord, RunStatus, StoredEvent
-from roundtable.store.schema import EVENTS, RUNS, Dialect
+from roundtable.store.schema import EVENTS, LIVE_STATUS, RUNS, Dialect
 
 RUN_COLUMNS = RUNS.column_names
 """The registry's columns, as every SELECT of runs lists them (`run_from_row`'s order)."""
@@ -81,11 +81,13 @@ _TEMPLATES = Statements(
         "AND run_id<>:exclude_run_id AND status IN ('cancelled','interrupted') "
         "ORDER BY created_at DESC LIMIT :limit"
     ),
+    # The status condition is rt_runs_thread_live's, word for word: the index holds only
+    # such runs, so a thread of a thousand turns is not read a thousand rows deep.
     live_thread_runs=(
         f"SELECT {_RUNS} FROM rt_runs WHERE tenant=:tenant AND thread_id=:thread_id "
-        "AND run_id<>:exclude_run_id AND owner<>:owner "
-        "AND status IN ('running','queued','awaiting_approval') "
-        "AND lease_until>:now ORDER BY created_at"
+        f"AND {LIVE_STATUS} AND run_id<>:exclude_run_id "
+        "AND ((owner<>:owner AND lease_until>:now) "
+        "OR (status='awaiting_approval' AND lease_until<=:now)) ORDER BY created_at"
     ),
     claim_continuation=(
         "UPDATE rt_runs SET status='continued', continued_by=:by_run_id, updated_at=:now "

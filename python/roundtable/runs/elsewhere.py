@@ -1,0 +1,83 @@
+"""A thread's runs that this process does not execute, as the busy-thread policy
+(`runs.threads`) sees them: a run on another replica (`RemoteRun`), and a run waiting for
+approval that no process holds (`DormantRun`). `runs.threads.LocalRun` is a run here."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from roundtable.runs.approvals import cancel_waiting
+from roundtable.runs.follow import PARKED_POLL_MAX_S
+from roundtable.store.base import RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from roundtable.runs.coordination import SharedCoordination
+    from roundtable.runs.parking import Parking
+
+
+class RemoteRun:
+    """A thread's run on another replica, as the busy-thread policy sees it."""
+
+    def __init__(self, coordination: SharedCoordination, record: RunRecord) -> None:
+        self._coordination = coordination
+        self.record = record
+        self.run_id = record.run_id
+
+    async def stopping(self) -> bool:
+        """Whether a cancel was recorded for it when its row was read."""
+        return bool(self.record.cancel_mode)
+
+    async def stop(self, reason: str) -> None:
+        """Records a graceful cancel, honoured by its replica at its next speaker boundary;
+        a run parked for approval there has its waiting calls denied first (`cancelled`),
+        and that replica's watch of its parked runs wakes it to end."""
+        record = self.record
+        if record.status is RunStatus.AWAITING_APPROVAL:
+            await cancel_waiting(self._coordination.store, record.tenant, record.run_id)
+        await self._coordination.store.request_cancel(
+            record.tenant, record.run_id, "graceful", reason
+        )
+
+    async def wait(self) -> None:
+        """Polls its record until it has ended or its replica died."""
+        await self._coordination.wait_ended(self.record)
+
+
+class DormantRun:
+    """A thread's run waiting for approval that no process holds: its server stopped, and
+    the snapshot its resume needs is the gateway's, sent again with its StartRun. The
+    busy-thread policy treats it as the run of the thread it still is (review: after a
+    restart, 停止 on its thread did not stop it, a person then approved its write, and a
+    new turn started beside it): a stop turn or an interrupt cancels it, a new turn is
+    refused or waits for its end."""
+
+    def __init__(self, record: RunRecord, parking: Parking) -> None:
+        self.record = record
+        self.run_id = record.run_id
+        self._parking = parking
+
+    async def stopping(self) -> bool:
+        """Never: a stop ends it at once (`stop`)."""
+        return False
+
+    async def stop(self, reason: str) -> None:
+        """Cancels it here, as CancelRun does: its waiting calls denied (`cancelled`), its
+        log closed with run_cancelled."""
+        progress = await self._parking.log.progress(self.record)
+        await self._parking.cancel_elsewhere(self.record, progress, reason)
+
+    async def wait(self) -> None:
+        """Polls its record until it no longer waits (resumed and ended, or cancelled)."""
+        store, record = self._parking.log.store, self.record
+        pause = DORMANT_POLL_S
+        while True:
+            current = await store.get_run(record.tenant, record.run_id)
+            if current is None or current.status is not RunStatus.AWAITING_APPROVAL:
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, PARKED_POLL_MAX_S)
+
+
+DORMANT_POLL_S = 0.05
+"""How soon a turn queued behind a dormant run first looks again (then less often)."""
