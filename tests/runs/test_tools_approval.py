@@ -369,6 +369,34 @@ async def test_bad_decisions_are_invalid_argument(stub: pb_grpc.OrchestratorServ
     assert fields == {"permission_request_id", "edited_arguments_json"}
 
 
+@pytest.mark.parametrize(
+    ("decision", "field", "value"),
+    [
+        # Outside testing: accepted and kept, so the same approval sent again without its
+        # reason was refused as another decision.
+        (APPROVE, "reason", "because"),
+        # Outside testing: Python's json took it; no gateway can print NaN as JSON.
+        (APPROVE, "edited_arguments_json", '{"text": "x", "n": NaN}'),
+        (APPROVE, "edited_arguments_json", '{"n": -Infinity}'),
+    ],
+)
+async def test_a_decision_carrying_what_it_may_not_is_invalid_argument(
+    stub: pb_grpc.OrchestratorServiceStub, decision: int, field: str, value: str
+) -> None:
+    request = resolve("r", "r#0/1", decision, **{field: value})
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await stub.ResolvePermission(request)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status = rpc_status.from_call(bad.value)
+    assert status is not None
+    fields = set()
+    for detail in status.details:
+        info = error_details_pb2.BadRequest()
+        if detail.Unpack(info):
+            fields |= {v.field for v in info.field_violations}
+    assert fields == {field}
+
+
 async def test_a_stop_turn_ends_a_run_waiting_on_its_thread(
     stub: pb_grpc.OrchestratorServiceStub, mcp: McpServerProcess
 ) -> None:

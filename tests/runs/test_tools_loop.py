@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import json_format
 from roundtable.domain.events import TokenUsage
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import ChatCall, ChatResult, ModelToolCall, TextSink
@@ -312,3 +313,47 @@ async def test_a_write_goes_under_a_new_key_once_the_one_it_repeats_was_answered
     assert "it may have run" in told[0] and "(TOOL_UNAVAILABLE)" in told[0]
     assert told[1:] == ["slept 0"] * (sum(turns) - 1)
     assert mcp.counts("slow") == {sent_key(run_id, run_id + k): n for k, n in keys.items()}
+
+
+@dataclass
+class NotJson(EagerTools):
+    """Calls `tool` with arguments Python's json reads and JSON does not have."""
+
+    async def complete(
+        self, target: ModelTarget, call: ChatCall, *, api_key: str | None, on_text: TextSink | None
+    ) -> ChatResult:
+        self.calls.append(call)
+        if len(self.calls) == 1:
+            arguments = '{"text": "x", "n": NaN, "city": "Paris"}'
+            return ChatResult(tool_calls=(ModelToolCall("c1", self.tool, arguments),))
+        return ChatResult(text="done")
+
+
+async def test_arguments_with_nan_are_no_json_object_in_events_nor_to_the_tool(
+    start_server, mcp: McpServerProcess
+) -> None:
+    # Outside testing: NaN reached the permission request's Struct, which no gateway can
+    # print as JSON (protobuf's own json_format refuses it), and a read tool ran with it.
+    for tool, run_id in (("note", "nan-approval"), ("weather", "nan-read")):
+        provider = NotJson(tool=tool)
+        request = tool_request("do it", mcp, run_id)
+        request.snapshot.members[0].model.CopyFrom(model_ref("eager"))
+        async with (
+            start_server(providers={"eager": provider}) as server,
+            grpc.aio.insecure_channel(server.address) as channel,
+        ):
+            stub = pb_grpc.OrchestratorServiceStub(channel)
+            reader = Reader(stub.StartRun(request))
+            if tool == "note":
+                asked = (await reader.until("permission_required")).permission_required
+                assert asked.arguments_json.startswith('{"text": "x", "n": NaN')
+                assert not asked.HasField("arguments")
+                run = (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
+                json_format.MessageToJson(run)  # printable as JSON
+                await stub.ResolvePermission(resolve(run_id, asked.permission_request_id, APPROVE))
+            events = await reader.end()
+        (final,) = finals(events)
+        assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_FAILED]
+        told = [m.content for m in provider.calls[-1].messages if m.role == "tool"]
+        assert told and "not a JSON object" in told[0]
+    assert mcp.counts("note") == {} and mcp.counts("weather") == {}

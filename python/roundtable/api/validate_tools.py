@@ -6,7 +6,6 @@ nothing here, and the JSON Schema validator is imported only when a tool is decl
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from roundtable.api.limits import RequestLimits
 from roundtable.domain.errors import FieldViolation
 from roundtable.domain.snapshot import http_url_problem
+from roundtable.domain.tools import json_value
 from roundtable.v1 import orchestrator_service_pb2 as pb
 from roundtable.v1 import snapshot_pb2 as spb
 
@@ -110,7 +110,7 @@ def _schema(c: _Collector, path: str, text: str) -> None:
         c.add(path, f"must be at most {c.limits.max_tool_schema_bytes} bytes")
         return
     try:
-        schema = json.loads(text)
+        schema = json_value(text)
     except ValueError:
         c.add(path, "is not JSON")
         return
@@ -133,7 +133,7 @@ def json_object_problem(text: str, limit: int) -> str:
     if len(text.encode("utf-8")) > limit:
         return f"must be at most {limit} bytes"
     try:
-        value = json.loads(text)
+        value = json_value(text)
     except ValueError:
         return "is not JSON"
     return "" if isinstance(value, dict) else "must be a JSON object"
@@ -167,7 +167,11 @@ def validate_resolve(
             )
             if problem:
                 c.add("edited_arguments_json", problem)
-    if len(request.reason) > limits.max_denial_reason_chars:
+    if request.reason and request.decision == pb.PERMISSION_DECISION_APPROVE:
+        # Outside testing: kept with the approval, so the same approval sent again without
+        # it was refused as another decision (PERMISSION_DECIDED).
+        c.add("reason", "is allowed only with DENY")
+    elif len(request.reason) > limits.max_denial_reason_chars:
         c.add("reason", f"must be at most {limits.max_denial_reason_chars} characters")
     elif _CONTROL.search(request.reason):
         c.add("reason", "must not contain control characters")

@@ -6,14 +6,13 @@ envelope; both are the one place that knows the domain types and the wire types.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 from google.protobuf.struct_pb2 import Struct
 
 from roundtable.codec.timestamps import seconds_of, set_timestamp
 from roundtable.domain import events as ev
-from roundtable.domain.tools import ToolCallSummary, ToolOutcome
+from roundtable.domain.tools import ToolCallSummary, ToolOutcome, json_value
 from roundtable.v1 import events_pb2 as epb
 
 _OUTCOME = {
@@ -67,7 +66,7 @@ def encode_permission(e: ev.PermissionRequired, p: epb.PermissionRequired) -> No
 def arguments_struct(arguments_json: str) -> Struct | None:
     """Tool arguments as a Struct, when they are a JSON object (None otherwise)."""
     try:
-        value = json.loads(arguments_json)
+        value = json_value(arguments_json)
     except ValueError:
         return None
     if not isinstance(value, dict):

@@ -7,10 +7,11 @@ over MCP, the store records each call so it runs at most once per idempotency ke
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 IDEMPOTENCY_META_KEY = "dev.roundtable/idempotency-key"
 """The key of the MCP request `_meta` entry that carries a call's idempotency key
@@ -41,6 +42,21 @@ class ToolOutcome(StrEnum):
     DENIED = "denied"
     EXPIRED = "expired"
     FAILED = "failed"
+
+
+def json_value(text: str) -> Any:
+    """`text` read as JSON as RFC 8259 has it: NaN and Infinity, which Python's `json`
+    takes, are not JSON (outside testing: a model's `{"n": NaN}` became a Struct holding
+    NaN, which no gateway can print as JSON, and went to the tool server as it was).
+
+    Raises:
+        ValueError: `text` is not JSON.
+    """
+    return json.loads(text, parse_constant=_not_json)
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def storable(text: str) -> str:

@@ -19,7 +19,6 @@ speaker's assistant_final is.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from roundtable.domain.errors import ToolError, ToolRateLimited, ToolTimeout, ToolUnavailable
@@ -35,6 +34,7 @@ from roundtable.domain.tools import (
     ToolCallSummary,
     ToolOutcome,
     Verdict,
+    json_value,
     storable,
 )
 from roundtable.graph.context import GraphContext, Parked, ToolRuntime
@@ -197,7 +197,7 @@ class ToolLoop:
             if record.verdict is not Verdict.APPROVE:
                 return await self._finish(record, *_refusal(record))
         try:
-            arguments = json.loads(record.arguments_to_run)
+            arguments = json_value(record.arguments_to_run)
         except ValueError:
             arguments = None
         if not isinstance(arguments, dict):

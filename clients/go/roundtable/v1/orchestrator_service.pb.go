@@ -916,10 +916,12 @@ type ResolvePermissionRequest struct {
 	// Approve or deny. Required.
 	Decision PermissionDecision `protobuf:"varint,4,opt,name=decision,proto3,enum=roundtable.v1.PermissionDecision" json:"decision,omitempty"`
 	// With APPROVE: the arguments to run the call with instead of the model's,
-	// a JSON object of at most 64 KiB; the member is told it ran with them.
+	// a JSON object of at most 64 KiB (JSON as RFC 8259 has it: no NaN or
+	// Infinity); the member is told it ran with them.
 	// Optional; not allowed with DENY.
 	EditedArgumentsJson string `protobuf:"bytes,5,opt,name=edited_arguments_json,json=editedArgumentsJson,proto3" json:"edited_arguments_json,omitempty"`
-	// With DENY: why, told to the member. Optional, at most 1,024 characters.
+	// With DENY: why, told to the member. Optional, at most 1,024 characters;
+	// not allowed with APPROVE.
 	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -344,7 +344,8 @@ export type ResolvePermissionRequest = Message<"roundtable.v1.ResolvePermissionR
 
   /**
    * With APPROVE: the arguments to run the call with instead of the model's,
-   * a JSON object of at most 64 KiB; the member is told it ran with them.
+   * a JSON object of at most 64 KiB (JSON as RFC 8259 has it: no NaN or
+   * Infinity); the member is told it ran with them.
    * Optional; not allowed with DENY.
    *
    * @generated from field: string edited_arguments_json = 5;
@@ -352,7 +353,8 @@ export type ResolvePermissionRequest = Message<"roundtable.v1.ResolvePermissionR
   editedArgumentsJson: string;
 
   /**
-   * With DENY: why, told to the member. Optional, at most 1,024 characters.
+   * With DENY: why, told to the member. Optional, at most 1,024 characters;
+   * not allowed with APPROVE.
    *
    * @generated from field: string reason = 6;
    */
