@@ -199,6 +199,8 @@ def test_a_negation_or_a_question_without_its_mark_is_no_memory_in_either_langua
     [
         "请登记住址。",  # outside testing: 登记 + 住址 proposed the memory "址"
         "請登記住址",
+        "别忘记住址",
+        "书记住在北京",
         "I misremember that address.",  # the English twin: a cue inside another word
         "Nothing remembered that day.",
     ],
@@ -206,6 +208,13 @@ def test_a_negation_or_a_question_without_its_mark_is_no_memory_in_either_langua
 def test_a_cue_inside_another_word_is_no_memory_in_either_language(text: str) -> None:
     assert remembered(text) == []
     assert remembered(f"{text} 记住我住在巴黎") == ["我住在巴黎"]
+
+
+@pytest.mark.parametrize(
+    ("text", "fact"), [("每日记住一个单词", "一个单词"), ("请牢牢记住我的生日", "我的生日")]
+)
+def test_a_cue_after_a_word_that_ends_before_it_is_still_one(text: str, fact: str) -> None:
+    assert remembered(text) == [fact]
 
 
 def test_a_cue_in_traditional_characters_keeps_the_fact_as_written() -> None:

@@ -34,10 +34,11 @@ def _as_words(cue: str) -> str:
     return rf"(?<!\w){re.escape(cue)}" + (r"\b" if cue[-1].isalnum() else "")
 
 
-CUE_INSIDE_WORDS = ("登",)
+CUE_INSIDE_WORDS = ("登", "忘", "书")
 """Characters before a Chinese cue that make it part of other words, as English cues are
 read only as whole words: 登记 + 住址 ("请登记住址" asks to register an address, not to
-remember "址"; outside testing)."""
+remember "址"; outside testing), 忘记 + 住址 ("别忘记住址"), 书记 + 住在 ("书记住在北京": the
+secretary lives in Beijing). Not 日 (每日记住一个词 is a cue) nor 牢 (牢牢记住 is one)."""
 
 
 _EXPLICIT_MEMORY = re.compile(
