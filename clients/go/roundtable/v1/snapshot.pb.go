@@ -751,7 +751,9 @@ type Budgets struct {
 	// 3,600). A run past it fails with code RUN_DEADLINE_EXCEEDED.
 	RunTimeoutSeconds uint32 `protobuf:"varint,4,opt,name=run_timeout_seconds,json=runTimeoutSeconds,proto3" json:"run_timeout_seconds,omitempty"`
 	// Speakers answering at once in a SPEAKER_CONCURRENCY_PARALLEL session
-	// (default 4, at most 16). Ignored in a sequential one.
+	// (default 4, at most 16); a speaker waiting for a person's approval is not
+	// answering, and the next one of its group starts. Ignored in a sequential
+	// one.
 	MaxParallelSpeakers uint32 `protobuf:"varint,5,opt,name=max_parallel_speakers,json=maxParallelSpeakers,proto3" json:"max_parallel_speakers,omitempty"`
 	// Tool calls one speaker may make in one reply (default 4, at most 32).
 	// Past it, the model is asked to answer without more tools.

@@ -371,7 +371,9 @@ export type Budgets = Message<"roundtable.v1.Budgets"> & {
 
   /**
    * Speakers answering at once in a SPEAKER_CONCURRENCY_PARALLEL session
-   * (default 4, at most 16). Ignored in a sequential one.
+   * (default 4, at most 16); a speaker waiting for a person's approval is not
+   * answering, and the next one of its group starts. Ignored in a sequential
+   * one.
    *
    * @generated from field: uint32 max_parallel_speakers = 5;
    */
