@@ -7,6 +7,7 @@ Over a real server (both stores) and the test MCP server (tests/support/mcp_serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -275,3 +276,73 @@ async def test_after_a_restart_a_run_waiting_for_approval_is_still_its_threads(
     assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
     assert kinds(after)[-1] == "run_completed", "the thread is free once it ended"
     assert mcp.counts("note") == {}
+
+
+async def park_then_restart(
+    start_server: ServerFactory, request: pb.StartRunRequest
+) -> pb.PermissionRequired:
+    """Runs `request` until it waits for approval, then stops its server (and lets a
+    replica's lease of it run out, on Postgres)."""
+    async with (
+        start_server(lease_seconds=1.0) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        reader = Reader(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+    await asyncio.sleep(1.2)
+    return asked
+
+
+async def test_a_run_left_waiting_stands_in_nobodys_way_once_its_approval_expired(
+    start_server: ServerFactory, mcp: McpServerProcess
+) -> None:
+    # Review: a run whose StartRun never came again held its thread for good.
+    request = tool_request("use note for buy milk", mcp, "expired", approval_timeout_s=2)
+    await park_then_restart(start_server, request)
+    await asyncio.sleep(1.0)  # past its expiry
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        turn = start_request("hello", run_id="expired-2", thread_id=request.context.thread_id)
+        events = await collect(stub.StartRun(turn))
+    assert kinds(events)[-1] == "run_completed"
+    assert mcp.counts("note") == {}
+
+
+async def test_a_run_left_waiting_sent_again_goes_before_a_turn_queued_behind_it(
+    start_server: ServerFactory, mcp: McpServerProcess
+) -> None:
+    # Review: the queued turn refused the waiting run's own StartRun (THREAD_BUSY) while
+    # it waited for that run: each waited for the other.
+    request = tool_request("use note for buy milk", mcp, "first")
+    asked = await park_then_restart(start_server, request)
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        turn = start_request("hello", run_id="queued", thread_id=request.context.thread_id)
+        turn.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
+        behind = Reader(stub.StartRun(turn))
+        async with asyncio.timeout(10):  # until it is recorded, queued behind the first
+            while True:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    got = await stub.GetRun(pb.GetRunRequest(run_id="queued", tenant="tenant-1"))
+                    if got.run.status == pb.RUN_STATUS_QUEUED:
+                        break
+                await asyncio.sleep(0.02)
+        resent = Reader(stub.StartRun(request))
+        await resent.until("permission_required")
+        await stub.ResolvePermission(resolve("first", asked.permission_request_id, APPROVE))
+        first = await resent.end()
+        queued = await behind.end()
+    assert kinds(first)[-1] == "run_completed"
+    assert kinds(queued)[-1] == "run_completed"
+    assert mcp.counts("note") == {sent_key("first", asked.permission_request_id): 1}
+    # The queued turn spoke only once the first had ended.
+    first_end = first[-1].emitted_at.ToNanoseconds()
+    assert all(
+        e.emitted_at.ToNanoseconds() >= first_end for e in of_kind(queued, "speaker_started")
+    )

@@ -74,7 +74,7 @@ def arguments_struct(arguments_json: str) -> Struct | None:
     out = Struct()
     try:
         out.update(value)
-    except (ValueError, TypeError):  # a value Struct cannot hold (a huge integer, say)
+    except (ValueError, TypeError, OverflowError):  # one Struct cannot hold (a huge integer)
         return None
     return out
 

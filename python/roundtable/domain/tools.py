@@ -8,6 +8,7 @@ over MCP, the store records each call so it runs at most once per idempotency ke
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,11 +53,20 @@ def json_value(text: str) -> Any:
     Raises:
         ValueError: `text` is not JSON.
     """
-    return json.loads(text, parse_constant=_not_json)
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
 
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(number: str) -> float:
+    """A JSON number as a float; one too large for a float (1e999, which Python reads as
+    infinity) is refused like Infinity itself (review)."""
+    value = float(number)
+    if value in (math.inf, -math.inf):
+        raise ValueError("a number too large for a float")
+    return value
 
 
 def storable(text: str) -> str:

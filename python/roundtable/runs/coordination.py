@@ -52,7 +52,7 @@ class CancelMarks(Protocol):
         ...
 
 
-Dormant = Callable[[RunRecord], BusyRun | None]
+Dormant = Callable[[RunRecord], Awaitable[BusyRun | None]]
 """Makes a busy run of a run waiting for approval under no live lease (its process ended),
 or None when this process holds it after all."""
 
@@ -132,7 +132,7 @@ class LocalCoordination:
         waiting = await self.store.live_thread_runs(
             ctx.tenant, ctx.thread_id, exclude_run_id=ctx.run_id, owner=self.owner, now=time.time()
         )
-        return [run for record in waiting if (run := dormant(record)) is not None]
+        return [run for record in waiting if (run := await dormant(record)) is not None]
 
     async def append(self, append: Awaitable[CancelMark | None], accept: Accept) -> None:
         """SQLite's append can only wait before it writes (a WAL checkpoint's last pass): a
@@ -209,7 +209,7 @@ class SharedCoordination:
             if (
                 run := RemoteRun(self, record)
                 if record.leased_by_other(self.owner, now)
-                else dormant(record)
+                else await dormant(record)
             )
             is not None
         ]

@@ -5,11 +5,12 @@ approval that no process holds (`DormantRun`). `runs.threads.LocalRun` is a run 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 from roundtable.runs.approvals import cancel_waiting
 from roundtable.runs.follow import PARKED_POLL_MAX_S
-from roundtable.store.base import RunRecord, RunStatus
+from roundtable.store.base import LEASED, RunRecord, RunStatus
 
 if TYPE_CHECKING:
     from roundtable.runs.coordination import SharedCoordination
@@ -23,6 +24,7 @@ class RemoteRun:
         self._coordination = coordination
         self.record = record
         self.run_id = record.run_id
+        self.queued = record.status is RunStatus.QUEUED
 
     async def stopping(self) -> bool:
         """Whether a cancel was recorded for it when its row was read."""
@@ -50,12 +52,18 @@ class DormantRun:
     busy-thread policy treats it as the run of the thread it still is (review: after a
     restart, 停止 on its thread did not stop it, a person then approved its write, and a
     new turn started beside it): a stop turn or an interrupt cancels it, a new turn is
-    refused or waits for its end."""
+    refused or waits for its end. Only until its first waiting call expires: a run held in
+    a process would go on then by itself, so it stands in nobody's way past it (review: a
+    run whose StartRun never came again held its thread for good)."""
 
-    def __init__(self, record: RunRecord, parking: Parking) -> None:
+    queued = False
+
+    def __init__(self, record: RunRecord, parking: Parking, expires_at: float) -> None:
         self.record = record
         self.run_id = record.run_id
         self._parking = parking
+        self.expires_at = expires_at
+        """When its first waiting call expires (seconds since the epoch)."""
 
     async def stopping(self) -> bool:
         """Never: a stop ends it at once (`stop`)."""
@@ -68,14 +76,15 @@ class DormantRun:
         await self._parking.cancel_elsewhere(self.record, progress, reason)
 
     async def wait(self) -> None:
-        """Polls its record until it no longer waits (resumed and ended, or cancelled)."""
+        """Polls its record until it has ended (resumed and ended, or cancelled: not
+        waiting, queued or running any more), or its first waiting call expired."""
         store, record = self._parking.log.store, self.record
         pause = DORMANT_POLL_S
-        while True:
+        while time.time() < self.expires_at:
             current = await store.get_run(record.tenant, record.run_id)
-            if current is None or current.status is not RunStatus.AWAITING_APPROVAL:
+            if current is None or current.status not in LEASED:
                 return
-            await asyncio.sleep(pause)
+            await asyncio.sleep(min(pause, max(0.0, self.expires_at - time.time())))
             pause = min(pause * 2, PARKED_POLL_MAX_S)
 
 

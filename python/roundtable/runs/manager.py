@@ -35,7 +35,7 @@ from roundtable.runs.parking import Parking
 from roundtable.runs.progress import Progress
 from roundtable.runs.registry import LiveRegistry
 from roundtable.runs.replay import replay
-from roundtable.runs.threads import claim_thread
+from roundtable.runs.threads import BusyRun, claim_thread
 from roundtable.store.base import ACTIVE, LEASED, RESUMABLE, RunRecord, RunStatus
 
 QUEUED_CANCEL_WAIT_S = 2.0
@@ -177,11 +177,11 @@ class RunManager:
         if not directive.stops:  # it frees places, calling no model: never refused for room
             self.registry.check_capacity(ctx.tenant)
         await self.coordination.hold_thread(ctx.tenant, ctx.thread_id, guard)
-        busy = [
+        busy: list[BusyRun] = [
             *self.registry.busy(ctx.tenant, ctx.thread_id),
             *await self.coordination.busy_elsewhere(request, self.parking.dormant),
         ]
-        wait_for = await claim_thread(request, directive, busy)
+        wait_for = await claim_thread(request, directive, busy, resumed=record is not None)
         if record is None:
             record = self._new_record(request, queued=wait_for is not None)
             if not await self.log.store.create_run(record):

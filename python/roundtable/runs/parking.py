@@ -192,6 +192,12 @@ class Parking:
             return await store.request_cancel(record.tenant, record.run_id, "graceful", reason)
         if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
             return False
+        current = await store.get_run(record.tenant, record.run_id)
+        if current is None or (current.status, current.last_seq) != (
+            RunStatus.AWAITING_APPROVAL,
+            record.last_seq,
+        ):
+            return False  # it moved on since it was read (review: a second run_cancelled)
         try:
             await self.log.end(
                 record, cancelled_event(reason, progress), RunStatus.CANCELLED, owner
@@ -200,12 +206,17 @@ class Parking:
             return False  # another replica took it meanwhile
         return True
 
-    def dormant(self, record: RunRecord) -> BusyRun | None:
+    async def dormant(self, record: RunRecord) -> BusyRun | None:
         """A run waiting for approval that no process holds, as a busy run of its thread
-        (`threads.DormantRun`); None when this process holds it (in the registry)."""
+        (`elsewhere.DormantRun`); None when this process holds it (in the registry), or
+        once its first waiting call has expired (held, it would have gone on by now)."""
         if self.registry.get(record.tenant, record.run_id) is not None:
             return None
-        return DormantRun(record, self)
+        calls = await self.log.store.tool_calls(record.tenant, record.run_id)
+        expiries = [c.expires_at for c in calls if c.waiting]
+        if not expiries or time.time() >= min(expiries):
+            return None
+        return DormantRun(record, self, min(expiries))
 
     def close(self) -> None:
         """Stops watching parked runs for good (the process is stopping: a run that parks

@@ -18,6 +18,7 @@ from roundtable.domain.snapshot import BusyThreadPolicy, RunRequest
 from roundtable.graph.context import StopSignal
 from roundtable.graph.directives import Directive
 from roundtable.runs.live import LiveRun
+from roundtable.store.base import RunStatus
 
 Wait = Callable[[], Awaitable[None]]
 """Waits until the thread's busy runs have ended."""
@@ -27,6 +28,11 @@ class BusyRun(Protocol):
     """A run of the thread that has not ended yet."""
 
     run_id: str
+
+    @property
+    def queued(self) -> bool:
+        """Whether it waits its turn behind another run (it does not speak yet)."""
+        ...
 
     async def stopping(self) -> bool:
         """Whether a stop was asked of it already: it ends at its next speaker boundary."""
@@ -50,6 +56,11 @@ class LocalRun:
         """For a run parked for approval: what resumes it (to reach its stop)."""
         self.run_id = live.record.run_id
 
+    @property
+    def queued(self) -> bool:
+        """Whether it waits its turn behind another run."""
+        return self._live.record.status is RunStatus.QUEUED
+
     async def stopping(self) -> bool:
         """Whether a stop was requested of it (it finishes its speaker, then ends), here or,
         on a shared store, by another replica (review: a stop turn sent to replica B, then
@@ -70,13 +81,18 @@ class LocalRun:
 
 
 async def claim_thread(
-    request: RunRequest, directive: Directive, busy: Sequence[BusyRun]
+    request: RunRequest, directive: Directive, busy: Sequence[BusyRun], *, resumed: bool = False
 ) -> Wait | None:
     """Applies the busy-thread policy; returns what the new run waits for, if anything.
+    A run `resumed` (sent again) goes before the runs queued since: they wait their turn
+    (review: after a restart, a turn queued behind a run waiting for approval refused that
+    run's own StartRun, and each waited for the other).
 
     Raises:
         ThreadBusy: the thread has a live run and the policy is REJECT.
     """
+    if resumed:
+        busy = [run for run in busy if not run.queued]
     if not busy:
         return None
     if directive.kind is DirectiveKind.STOP:
