@@ -18,8 +18,7 @@ from langchain_core.messages import (
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
-from langchain_openai import ChatOpenAI
-from pydantic import Field, SecretStr
+from pydantic import Field
 from roundtable.domain.errors import ModelUnavailable
 from roundtable.domain.snapshot import ModelTarget
 from roundtable.models.base import (
@@ -30,7 +29,7 @@ from roundtable.models.base import (
     ToolSpec,
 )
 from roundtable.models.langchain_provider import LangChainProvider, to_langchain
-from support.openai_server import Call, OpenAITestServer, Reply, ToolCalls
+from support.openai_server import Call, OpenAITestServer, Reply, ToolCalls, generic_openai_provider
 
 TARGET = ModelTarget(provider="scripted", model="m")
 CALL = ChatCall(messages=(ChatMessage("user", "hello"),))
@@ -223,17 +222,7 @@ async def test_chat_openai_through_the_generic_provider_round_trips_tool_calls()
             ToolCalls((Call("weather", {"city": "Paris"}, call_id="call_1"),)),
             Reply(text="Sunny."),
         )
-        provider = LangChainProvider(
-            "openai",
-            lambda target, _k: ChatOpenAI(
-                model=target.model,
-                base_url=target.base_url,
-                api_key=SecretStr("none"),
-                max_retries=0,
-                streaming=True,
-                stream_usage=True,
-            ),
-        )
+        provider = generic_openai_provider()
         target = ModelTarget(provider="openai", model="m", base_url=server.base_url)
         first = await provider.complete(target, TOOL_CALL, api_key=None, on_text=None)
         follow_up = ChatCall(

@@ -9,17 +9,22 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from langchain_openai import ChatOpenAI
-from pydantic import SecretStr
 from roundtable.domain.errors import ModelError, ModelRateLimited, ModelRejected, ModelUnavailable
 from roundtable.domain.snapshot import ModelRef, ModelTarget
 from roundtable.harness.chain import Harness
 from roundtable.harness.policies import HarnessPolicy, RetryPolicy
 from roundtable.harness.request import CallMeta, ModelRequest
 from roundtable.models.base import ChatCall, ChatMessage, ChatResult, ModelToolCall, ToolSpec
-from roundtable.models.langchain_provider import LangChainProvider
 from roundtable.models.openai_compat import build_openai_provider
-from support.openai_server import Call, Dialect, Fail, OpenAITestServer, Reply, ToolCalls
+from support.openai_server import (
+    Call,
+    Dialect,
+    Fail,
+    OpenAITestServer,
+    Reply,
+    ToolCalls,
+    generic_openai_provider,
+)
 
 API_KEY = "sk-test-4f9c2b7e1d"
 PROMPT = "What is the weather in Paris?"
@@ -382,20 +387,7 @@ async def test_a_long_streamed_argument_is_not_silence(path: str) -> None:
     async with OpenAITestServer(token_delay_s=0.02) as server:
         long_note = {"city": "Paris", "note": "y" * 400}  # ≈55 frames: ≈1.1 s at 20 ms
         server.script(ToolCalls((Call("weather", long_note, call_id="c1"),)))
-        if path == "sdk":
-            provider = build_openai_provider()
-        else:
-            provider = LangChainProvider(
-                "openai",
-                lambda target, _k: ChatOpenAI(
-                    model=target.model,
-                    base_url=target.base_url,
-                    api_key=SecretStr("none"),
-                    max_retries=0,
-                    streaming=True,
-                    stream_usage=True,
-                ),
-            )
+        provider = build_openai_provider() if path == "sdk" else generic_openai_provider()
         harness = Harness(
             {"openai": provider}, policy=HarnessPolicy(retry=RetryPolicy(max_retries=0))
         )

@@ -414,3 +414,23 @@ def _usage(body: dict[str, Any], step: Reply | ToolCall | ToolCalls) -> dict[str
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+def generic_openai_provider() -> Any:
+    """A `LangChainProvider` named `openai` over a plain streaming `ChatOpenAI`: the generic
+    path any LangChain model takes (`bind_tools`), not `OpenAICompatProvider`'s own."""
+    from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
+    from roundtable.models.langchain_provider import LangChainProvider
+
+    return LangChainProvider(
+        "openai",
+        lambda target, _key: ChatOpenAI(
+            model=target.model,
+            base_url=target.base_url,
+            api_key=SecretStr("none"),
+            max_retries=0,
+            streaming=True,
+            stream_usage=True,
+        ),
+    )
