@@ -307,8 +307,38 @@ async def test_a_run_left_waiting_stands_in_nobodys_way_once_its_approval_expire
         stub = pb_grpc.OrchestratorServiceStub(channel)
         turn = start_request("hello", run_id="expired-2", thread_id=request.context.thread_id)
         events = await collect(stub.StartRun(turn))
+        # A stop turn still stops it (review): sent again later, it must not answer then.
+        stop = start_request("停止", run_id="expired-3", thread_id=request.context.thread_id)
+        await collect(stub.StartRun(stop))
+        ended = await stub.GetRun(pb.GetRunRequest(run_id="expired", tenant="tenant-1"))
     assert kinds(events)[-1] == "run_completed"
+    assert ended.run.status == pb.RUN_STATUS_CANCELLED
     assert mcp.counts("note") == {}
+
+
+async def test_a_run_approved_while_nobody_held_it_still_holds_its_thread(
+    start_server: ServerFactory, mcp: McpServerProcess
+) -> None:
+    # Review: once decided it waited for nobody, so it stood in nobody's way, and its
+    # approved write ran after a turn that came later.
+    request = tool_request("use note for buy milk", mcp, "approved")
+    asked = await park_then_restart(start_server, request)
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        stub = pb_grpc.OrchestratorServiceStub(channel)
+        answer = await stub.ResolvePermission(
+            resolve("approved", asked.permission_request_id, APPROVE)
+        )
+        turn = start_request("hello", run_id="approved-2", thread_id=request.context.thread_id)
+        with pytest.raises(grpc.aio.AioRpcError) as busy:
+            await collect(stub.StartRun(turn))
+        resumed = await collect(stub.StartRun(request))
+    assert not answer.resumed
+    assert busy.value.code() is grpc.StatusCode.FAILED_PRECONDITION  # THREAD_BUSY
+    assert kinds(resumed)[-1] == "run_completed"
+    assert mcp.counts("note") == {sent_key("approved", asked.permission_request_id): 1}
 
 
 async def test_a_run_left_waiting_sent_again_goes_before_a_turn_queued_behind_it(

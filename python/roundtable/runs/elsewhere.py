@@ -25,6 +25,7 @@ class RemoteRun:
         self.record = record
         self.run_id = record.run_id
         self.queued = record.status is RunStatus.QUEUED
+        self.blocks = True
 
     async def stopping(self) -> bool:
         """Whether a cancel was recorded for it when its row was read."""
@@ -52,9 +53,10 @@ class DormantRun:
     busy-thread policy treats it as the run of the thread it still is (review: after a
     restart, 停止 on its thread did not stop it, a person then approved its write, and a
     new turn started beside it): a stop turn or an interrupt cancels it, a new turn is
-    refused or waits for its end. Only until its first waiting call expires: a run held in
-    a process would go on then by itself, so it stands in nobody's way past it (review: a
-    run whose StartRun never came again held its thread for good)."""
+    refused or waits for its end. A new turn minds it only until its first call expires
+    (waiting, or decided but not yet run): a run held in a process would go on then by
+    itself (review: a run whose StartRun never came again held its thread for good); a stop
+    turn cancels it even then, so a StartRun sent later cannot make it answer."""
 
     queued = False
 
@@ -63,7 +65,13 @@ class DormantRun:
         self.run_id = record.run_id
         self._parking = parking
         self.expires_at = expires_at
-        """When its first waiting call expires (seconds since the epoch)."""
+        """When its first call waiting for a person or for its run expires (seconds since
+        the epoch)."""
+
+    @property
+    def blocks(self) -> bool:
+        """Until its first call expires."""
+        return time.time() < self.expires_at
 
     async def stopping(self) -> bool:
         """Never: a stop ends it at once (`stop`)."""
@@ -76,16 +84,29 @@ class DormantRun:
         await self._parking.cancel_elsewhere(self.record, progress, reason)
 
     async def wait(self) -> None:
-        """Polls its record until it has ended (resumed and ended, or cancelled: not
-        waiting, queued or running any more), or its first waiting call expired."""
+        """Polls its record until it has ended (resumed and ended, or cancelled), or still
+        waits, held by nobody, past its first call's expiry. Once resumed (running, or
+        parked again here or on a replica) it is waited for to its end (review: the
+        queued turn was let go at the expiry while the resumed run still spoke)."""
         store, record = self._parking.log.store, self.record
         pause = DORMANT_POLL_S
-        while time.time() < self.expires_at:
+        while True:
             current = await store.get_run(record.tenant, record.run_id)
             if current is None or current.status not in LEASED:
                 return
-            await asyncio.sleep(min(pause, max(0.0, self.expires_at - time.time())))
+            if self._lapsed(current):
+                return
+            await asyncio.sleep(pause)
             pause = min(pause * 2, PARKED_POLL_MAX_S)
+
+    def _lapsed(self, current: RunRecord) -> bool:
+        """Whether it still waits past its expiry with nobody holding it."""
+        if current.status is not RunStatus.AWAITING_APPROVAL or time.time() < self.expires_at:
+            return False
+        parking = self._parking
+        held_here = parking.registry.get(current.tenant, current.run_id) is not None
+        owner = parking.coordination.owner
+        return not held_here and not current.leased_by_other(owner, time.time())
 
 
 DORMANT_POLL_S = 0.05

@@ -181,7 +181,7 @@ class RunManager:
             *self.registry.busy(ctx.tenant, ctx.thread_id),
             *await self.coordination.busy_elsewhere(request, self.parking.dormant),
         ]
-        wait_for = await claim_thread(request, directive, busy, resumed=record is not None)
+        wait_for = await claim_thread(request, directive, busy, resuming=record)
         if record is None:
             record = self._new_record(request, queued=wait_for is not None)
             if not await self.log.store.create_run(record):

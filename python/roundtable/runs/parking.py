@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from roundtable.domain.errors import TooManyRuns
+from roundtable.domain.tools import CallStatus
 from roundtable.runs.approvals import cancel_waiting
 from roundtable.runs.coordination import Coordination
 from roundtable.runs.elsewhere import DormantRun
@@ -190,14 +191,14 @@ class Parking:
         await cancel_waiting(store, record.tenant, record.run_id)
         if record.leased_by_other(owner, time.time()):
             return await store.request_cancel(record.tenant, record.run_id, "graceful", reason)
-        if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
-            return False
         current = await store.get_run(record.tenant, record.run_id)
         if current is None or (current.status, current.last_seq) != (
             RunStatus.AWAITING_APPROVAL,
             record.last_seq,
         ):
             return False  # it moved on since it was read (review: a second run_cancelled)
+        if not await store.acquire_lease(record.tenant, record.run_id, owner, self.lease_s):
+            return False
         try:
             await self.log.end(
                 record, cancelled_event(reason, progress), RunStatus.CANCELLED, owner
@@ -208,15 +209,18 @@ class Parking:
 
     async def dormant(self, record: RunRecord) -> BusyRun | None:
         """A run waiting for approval that no process holds, as a busy run of its thread
-        (`elsewhere.DormantRun`); None when this process holds it (in the registry), or
-        once its first waiting call has expired (held, it would have gone on by now)."""
+        (`elsewhere.DormantRun`, minded until its first call expires); None when this
+        process holds it (in the registry)."""
         if self.registry.get(record.tenant, record.run_id) is not None:
             return None
         calls = await self.log.store.tool_calls(record.tenant, record.run_id)
-        expiries = [c.expires_at for c in calls if c.waiting]
-        if not expiries or time.time() >= min(expiries):
-            return None
-        return DormantRun(record, self, min(expiries))
+        # Waiting for a person, or decided and waiting for its run (review: approved while
+        # nobody held the run, it no longer held its thread, and its write ran after a
+        # turn that came later).
+        asked = [
+            c.expires_at for c in calls if c.needs_approval and c.status is CallStatus.REQUESTED
+        ]
+        return DormantRun(record, self, min(asked, default=0.0))
 
     def close(self) -> None:
         """Stops watching parked runs for good (the process is stopping: a run that parks

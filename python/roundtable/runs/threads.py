@@ -18,7 +18,7 @@ from roundtable.domain.snapshot import BusyThreadPolicy, RunRequest
 from roundtable.graph.context import StopSignal
 from roundtable.graph.directives import Directive
 from roundtable.runs.live import LiveRun
-from roundtable.store.base import RunStatus
+from roundtable.store.base import RunRecord, RunStatus
 
 Wait = Callable[[], Awaitable[None]]
 """Waits until the thread's busy runs have ended."""
@@ -32,6 +32,12 @@ class BusyRun(Protocol):
     @property
     def queued(self) -> bool:
         """Whether it waits its turn behind another run (it does not speak yet)."""
+        ...
+
+    @property
+    def blocks(self) -> bool:
+        """Whether a new turn must mind it (a stop turn stops it either way): False for a
+        run left waiting for approval past its expiry (`elsewhere.DormantRun`)."""
         ...
 
     async def stopping(self) -> bool:
@@ -55,6 +61,7 @@ class LocalRun:
         self._wake = wake
         """For a run parked for approval: what resumes it (to reach its stop)."""
         self.run_id = live.record.run_id
+        self.blocks = True
 
     @property
     def queued(self) -> bool:
@@ -81,25 +88,29 @@ class LocalRun:
 
 
 async def claim_thread(
-    request: RunRequest, directive: Directive, busy: Sequence[BusyRun], *, resumed: bool = False
+    request: RunRequest,
+    directive: Directive,
+    busy: Sequence[BusyRun],
+    *,
+    resuming: RunRecord | None = None,
 ) -> Wait | None:
     """Applies the busy-thread policy; returns what the new run waits for, if anything.
-    A run `resumed` (sent again) goes before the runs queued since: they wait their turn
-    (review: after a restart, a turn queued behind a run waiting for approval refused that
-    run's own StartRun, and each waited for the other).
+    A run `resuming` that was left waiting for approval when its server stopped goes before
+    the turns queued behind it since: they wait for its end (review: such a turn refused
+    the run's own StartRun, and each waited for the other).
 
     Raises:
         ThreadBusy: the thread has a live run and the policy is REJECT.
     """
-    if resumed:
-        busy = [run for run in busy if not run.queued]
-    if not busy:
-        return None
     if directive.kind is DirectiveKind.STOP:
         # A stop turn always stops the thread's live runs (the running one and any
         # waiting behind it), whatever the policy; nobody speaks.
         for run in busy:
             await run.stop("stop_directive")
+        return None
+    left_waiting = resuming is not None and resuming.status is RunStatus.AWAITING_APPROVAL
+    busy = [run for run in busy if run.blocks and not (left_waiting and run.queued)]
+    if not busy:
         return None
     policy = request.options.busy_thread_policy
     if policy is BusyThreadPolicy.REJECT and not all([await run.stopping() for run in busy]):
