@@ -78,8 +78,9 @@ func (DisconnectPolicy) EnumDescriptor() ([]byte, []int) {
 // BusyThreadPolicy says what a StartRun does when another run of the same
 // thread is live, on this replica or on another one sharing the store (a run
 // another replica holds a live lease on), or waits for approval (also one
-// whose server stopped: it waits for its StartRun again). A stop turn always
-// cancels the live run, whatever the policy.
+// whose server stopped, until its first call expires: it waits for its
+// StartRun again). A stop turn always cancels the live run, whatever the
+// policy.
 type BusyThreadPolicy int32
 
 const (
