@@ -5,21 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 
 from roundtable.graph.context import StopSignal
 from roundtable.runs.coordination import SharedCoordination
 from roundtable.store.base import RunRecord, RunStatus
+from support.stores import run_record
 
-RECORD = RunRecord(
-    tenant="acme",
-    run_id="queued",
-    thread_id="t-1",
-    fingerprint="f",
-    status=RunStatus.QUEUED,
-    created_at=time.time(),
-    updated_at=time.time(),
-)
+RECORD = run_record("queued", RunStatus.QUEUED)
 
 
 class FailsFirst:

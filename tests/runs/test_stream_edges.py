@@ -25,6 +25,7 @@ from roundtable.v1 import orchestrator_service_pb2_grpc as pb_grpc
 from roundtable.v1 import snapshot_pb2 as spb
 from support.builders import collect, kinds, member, model_ref, read_until, start_request
 from support.scripted import ScriptedProvider
+from support.stores import run_record
 
 
 class SlowBig(ScriptedProvider):
@@ -381,15 +382,7 @@ async def test_a_slow_reader_of_a_taken_over_run_is_bounded_like_any_other() -> 
     # After a follower takes a run over, its events reach the client's stream through a
     # forwarder: a reader that does not read loses deltas, then gets StreamOverflow, and
     # the server never holds more than its buffer for it.
-    record = RunRecord(
-        tenant="t",
-        run_id="r",
-        thread_id="th",
-        fingerprint="f",
-        status=RunStatus.RUNNING,
-        created_at=0,
-        updated_at=0,
-    )
+    record = run_record("r", tenant="t", thread_id="th", created_at=0, updated_at=0)
     live = LiveRun(request=None, record=record, buffer=16)  # type: ignore[arg-type]
     client = Subscription([], ended=False, buffer=16)
     forward_task = asyncio.create_task(forward(live.subscribe(0), client, 0))

@@ -35,6 +35,16 @@ ServerFactory = Callable[..., AbstractAsyncContextManager[RunningServer]]
 
 
 @asynccontextmanager
+async def serving(start_server: ServerFactory) -> AsyncIterator[pb_grpc.OrchestratorServiceStub]:
+    """A client of a new server with default settings."""
+    async with (
+        start_server() as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        yield pb_grpc.OrchestratorServiceStub(channel)
+
+
+@asynccontextmanager
 async def draining_with_a_stream_open(
     start_server: ServerFactory,
     request: pb.StartRunRequest,
@@ -66,11 +76,7 @@ async def approve_on_a_new_server(
     """The next server lists the call as waiting; approved there, the same StartRun runs the
     tool once and completes the run."""
     run_id = request.context.run_id
-    async with (
-        start_server() as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
+    async with serving(start_server) as stub:
         run = (await stub.GetRun(pb.GetRunRequest(run_id=run_id, tenant="tenant-1"))).run
         assert run.status == pb.RUN_STATUS_AWAITING_APPROVAL
         (asked,) = run.pending_permissions
@@ -117,6 +123,21 @@ def slow_tool_request(mcp: McpServerProcess, run_id: str) -> pb.StartRunRequest:
 
 def verdicts(store_url: str, run_id: str) -> list[Any]:
     return query(store_url, f"SELECT verdict FROM rt_tool_calls WHERE run_id = '{run_id}'")
+
+
+async def park_then_restart(
+    start_server: ServerFactory, request: pb.StartRunRequest
+) -> pb.PermissionRequired:
+    """Runs `request` until it waits for approval, then stops its server (and lets a
+    replica's lease of it run out, on Postgres)."""
+    async with (
+        start_server(lease_seconds=1.0) as server,
+        grpc.aio.insecure_channel(server.address) as channel,
+    ):
+        reader = Reader(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
+        asked = (await reader.until("permission_required")).permission_required
+    await asyncio.sleep(1.2)
+    return asked
 
 
 async def test_a_call_asked_for_during_the_drain_waits_for_the_person(
@@ -192,11 +213,7 @@ async def test_a_cancel_during_the_drain_ends_a_parallel_group_waiting_for_a_per
     assert kinds(reader.events)[-1] == "run_cancelled"
     assert sorted(f.member_id for f in finals(reader.events)) == ["kai", "lin"]
     assert verdicts(store_url, "drain-group") == [("cancelled",)]
-    async with (
-        start_server() as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
+    async with serving(start_server) as stub:
         run = (await stub.GetRun(pb.GetRunRequest(run_id="drain-group", tenant="tenant-1"))).run
     assert run.status == pb.RUN_STATUS_CANCELLED and not run.pending_permissions
     assert mcp.counts("note") == {}
@@ -225,11 +242,7 @@ async def test_a_speaker_cut_short_after_its_approval_starts_again_on_the_next_s
     assert not finals(reader.events), "the drain stopped it mid-answer"
     before = [e.speaker_started.attempt for e in of_kind(reader.events, "speaker_started")]
     assert before == [1, 2], "it started, then started again after the decision"
-    async with (
-        start_server() as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
+    async with serving(start_server) as stub:
         events = last_execution(await collect(stub.StartRun(request)))
     assert kinds(events)[-1] == "run_completed"
     assert [e.speaker_started.attempt for e in of_kind(events, "speaker_started")] == [3]
@@ -244,19 +257,8 @@ async def test_after_a_restart_a_run_waiting_for_approval_is_still_its_threads(
     # person then approved its write, which ran when its StartRun came again.
     request = tool_request("use note for buy milk", mcp, "dormant")
     thread = request.context.thread_id
-    async with (
-        start_server(lease_seconds=1.0) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
-        reader = Reader(stub.StartRun(request))
-        asked = (await reader.until("permission_required")).permission_required
-    await asyncio.sleep(1.2)  # a replica's lease of it runs out too (Postgres)
-    async with (
-        start_server() as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
+    asked = await park_then_restart(start_server, request)
+    async with serving(start_server) as stub:
         turn = start_request("hello", run_id="dormant-2", thread_id=thread)
         with pytest.raises(grpc.aio.AioRpcError) as busy:
             await collect(stub.StartRun(turn))
@@ -278,21 +280,6 @@ async def test_after_a_restart_a_run_waiting_for_approval_is_still_its_threads(
     assert mcp.counts("note") == {}
 
 
-async def park_then_restart(
-    start_server: ServerFactory, request: pb.StartRunRequest
-) -> pb.PermissionRequired:
-    """Runs `request` until it waits for approval, then stops its server (and lets a
-    replica's lease of it run out, on Postgres)."""
-    async with (
-        start_server(lease_seconds=1.0) as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        reader = Reader(pb_grpc.OrchestratorServiceStub(channel).StartRun(request))
-        asked = (await reader.until("permission_required")).permission_required
-    await asyncio.sleep(1.2)
-    return asked
-
-
 async def test_a_run_left_waiting_stands_in_nobodys_way_once_its_approval_expired(
     start_server: ServerFactory, mcp: McpServerProcess
 ) -> None:
@@ -300,11 +287,7 @@ async def test_a_run_left_waiting_stands_in_nobodys_way_once_its_approval_expire
     request = tool_request("use note for buy milk", mcp, "expired", approval_timeout_s=2)
     await park_then_restart(start_server, request)
     await asyncio.sleep(1.0)  # past its expiry
-    async with (
-        start_server() as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
+    async with serving(start_server) as stub:
         turn = start_request("hello", run_id="expired-2", thread_id=request.context.thread_id)
         events = await collect(stub.StartRun(turn))
         # A stop turn still stops it (review): sent again later, it must not answer then.
@@ -323,11 +306,7 @@ async def test_a_run_approved_while_nobody_held_it_still_holds_its_thread(
     # approved write ran after a turn that came later.
     request = tool_request("use note for buy milk", mcp, "approved")
     asked = await park_then_restart(start_server, request)
-    async with (
-        start_server() as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
+    async with serving(start_server) as stub:
         answer = await stub.ResolvePermission(
             resolve("approved", asked.permission_request_id, APPROVE)
         )
@@ -348,11 +327,7 @@ async def test_a_run_left_waiting_sent_again_goes_before_a_turn_queued_behind_it
     # it waited for that run: each waited for the other.
     request = tool_request("use note for buy milk", mcp, "first")
     asked = await park_then_restart(start_server, request)
-    async with (
-        start_server() as server,
-        grpc.aio.insecure_channel(server.address) as channel,
-    ):
-        stub = pb_grpc.OrchestratorServiceStub(channel)
+    async with serving(start_server) as stub:
         turn = start_request("hello", run_id="queued", thread_id=request.context.thread_id)
         turn.options.busy_thread_policy = pb.BUSY_THREAD_POLICY_ENQUEUE
         behind = Reader(stub.StartRun(turn))

@@ -7,12 +7,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
 import pytest
+from roundtable.store.base import RunRecord, RunStatus
 from roundtable.store.postgres import PostgresRunStore
 from roundtable.store.sqlite import SqliteRunStore
 
@@ -112,3 +115,18 @@ async def count_rows(store: object) -> int:
                 total += int(row["n"]) if row else 0
         return total
     raise TypeError(f"no row count for {type(store).__name__}")
+
+
+def run_record(run_id: str, status: RunStatus = RunStatus.RUNNING, **fields: Any) -> RunRecord:
+    """A registry row for tests that need one without a server: tenant "acme", thread
+    "t-1", created now, unless `fields` say otherwise."""
+    now = time.time()
+    values: dict[str, Any] = {
+        "tenant": "acme",
+        "thread_id": "t-1",
+        "fingerprint": "f",
+        "created_at": now,
+        "updated_at": now,
+        **fields,
+    }
+    return RunRecord(run_id=run_id, status=status, **values)
