@@ -12,7 +12,7 @@ from google.protobuf.struct_pb2 import Struct
 
 from roundtable.codec.timestamps import seconds_of, set_timestamp
 from roundtable.domain import events as ev
-from roundtable.domain.tools import ToolCallSummary, ToolOutcome, json_value
+from roundtable.domain.tools import ToolCallSummary, ToolOutcome, json_object
 from roundtable.v1 import events_pb2 as epb
 
 _OUTCOME = {
@@ -65,11 +65,8 @@ def encode_permission(e: ev.PermissionRequired, p: epb.PermissionRequired) -> No
 
 def arguments_struct(arguments_json: str) -> Struct | None:
     """Tool arguments as a Struct, when they are a JSON object (None otherwise)."""
-    try:
-        value = json_value(arguments_json)
-    except ValueError:
-        return None
-    if not isinstance(value, dict):
+    value = json_object(arguments_json)
+    if value is None:
         return None
     out = Struct()
     try:

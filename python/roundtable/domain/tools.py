@@ -56,6 +56,16 @@ def json_value(text: str) -> Any:
     return json.loads(text, parse_constant=_not_json, parse_float=_finite)
 
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """`text` as a JSON object (`json_value`), or None when it is not one (tool arguments
+    are one)."""
+    try:
+        value = json_value(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 

@@ -34,7 +34,7 @@ from roundtable.domain.tools import (
     ToolCallSummary,
     ToolOutcome,
     Verdict,
-    json_value,
+    json_object,
     storable,
 )
 from roundtable.graph.context import GraphContext, Parked, ToolRuntime
@@ -196,11 +196,8 @@ class ToolLoop:
                 return None
             if record.verdict is not Verdict.APPROVE:
                 return await self._finish(record, *_refusal(record))
-        try:
-            arguments = json_value(record.arguments_to_run)
-        except ValueError:
-            arguments = None
-        if not isinstance(arguments, dict):
+        arguments = json_object(record.arguments_to_run)
+        if arguments is None:
             return await self._finish(
                 record,
                 "The arguments were not a JSON object; the tool did not run. "
@@ -274,7 +271,7 @@ class ToolLoop:
             )
         except ToolError as exc:
             if _may_have_run(exc) and not tool.read_only:
-                text = may_have_run(exc.code)
+                text = _may_have_run_text(exc.code)
             else:
                 text = f"The tool could not be run ({exc.code}). / 工具无法运行（{exc.code}）。"
             return await self._finish(record, text, ToolOutcome.FAILED)
@@ -338,7 +335,7 @@ def _may_have_run(exc: ToolError) -> bool:
     )
 
 
-def may_have_run(code: str) -> str:
+def _may_have_run_text(code: str) -> str:
     """What the model is told of a write call that may have run (review: it was told the
     tool "could not be run", so it asked again, under a new key, and the write ran twice)."""
     return (
@@ -352,7 +349,7 @@ def may_have_run(code: str) -> str:
 
 
 _MAY_HAVE_RUN_TEXTS = frozenset(
-    may_have_run(code) for code in (ToolTimeout.code, ToolUnavailable.code)
+    _may_have_run_text(code) for code in (ToolTimeout.code, ToolUnavailable.code)
 )
 """The recorded results of calls that may have run (a tool's own answer never equals one)."""
 

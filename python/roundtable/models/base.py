@@ -93,6 +93,10 @@ def heard(on_text: TextSink | None) -> None:
         note()
 
 
+Choices = tuple[tuple[str, tuple[str, ...]], ...]
+"""`ChatCall.choices`: (a dotted path of properties, the values its strings may take)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatCall:
     """What to ask a model, independent of which model answers."""
@@ -102,7 +106,7 @@ class ChatCall:
     temperature: float | None = None
     schema: type[BaseModel] | None = None
     """When set, the answer is structured output validated against this pydantic model."""
-    choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    choices: Choices = ()
     """For a structured call: the only values some string fields of the answer may take in
     this call, as (a dotted path of properties through arrays, the values): the JSON
     schema sent (and said in the prompt) holds them as an `enum`, so a server that

@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from roundtable.domain.errors import InvalidModelOutput
-from roundtable.models.base import ChatMessage
+from roundtable.models.base import ChatMessage, Choices
 
 
 class StructuredForm(StrEnum):
@@ -52,8 +52,8 @@ _KEPT_KEYWORDS = frozenset(
     {"type", "properties", "required", "items", "enum", "description", "anyOf"}
 )
 """JSON Schema keywords the portable form keeps: those that llama.cpp's, vLLM's and
-Ollama's schema-to-grammar converters all understand. The rest (minimum, maxLength,
-pattern, default, title...) are checked by pydantic after the answer."""
+Ollama's schema-to-grammar converters all understand. The rest (minimum, a maxLength over
+256, pattern, default, title...) are checked by pydantic after the answer."""
 
 
 _SHORT_MAX_LENGTH = 256
@@ -105,10 +105,6 @@ def _portable(node: Any, defs: dict[str, Any]) -> Any:
         else:
             out[key] = _portable(value, defs)
     return out
-
-
-Choices = tuple[tuple[str, tuple[str, ...]], ...]
-"""`ChatCall.choices`: (a dotted path of properties, the values its strings may take)."""
 
 
 def schema_with(schema: type[BaseModel], choices: Choices) -> dict[str, Any]:

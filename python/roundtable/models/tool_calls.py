@@ -28,6 +28,7 @@ from typing import Any
 
 from langchain_core.messages import InvalidToolCall, ToolCall
 
+from roundtable.domain.tools import json_object
 from roundtable.models.base import ChatMessage, ModelToolCall, ToolSpec
 
 
@@ -199,9 +200,5 @@ def langchain_tool_calls(
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
-    """`text` parsed, when it is a JSON object (tool arguments are one); else None."""
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    """`text` parsed, when it is a JSON object (no text: an empty one); else None."""
+    return json_object(text or "{}")

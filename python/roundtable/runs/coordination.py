@@ -5,11 +5,13 @@ The composition root picks one strategy and the rest of runs/ never asks which i
 
 - `LocalCoordination`: a SQLite file belongs to one process (a file lock says so), so
   there is nobody to lock a thread against, fence out, or hear a cancel from; runs a dead
-  process left are closed at start-up.
+  process left running are closed at start-up, and those it left waiting for approval
+  take part in the busy-thread policy (read from the store at each StartRun).
 - `SharedCoordination`: replicas share the registry. A thread is locked while a StartRun
   checks it; a live run keeps a lease (renewed every third of it) and stops when it loses
   it; a cancel another replica records is polled at speaker boundaries and while queued;
-  a thread's runs on other replicas take part in the busy-thread policy.
+  a thread's runs on other replicas, and those parked for approval whose replica died,
+  take part in the busy-thread policy.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ class Coordination(Protocol):
 
 
 class LocalCoordination:
-    """One process owns the store: nothing to lock, lease, fence or poll."""
+    """One process owns the store: nothing to lock, lease, fence or poll; only the runs an
+    earlier process left waiting for approval are read back (`busy_elsewhere`)."""
 
     def __init__(self, store: RunStore, owner: str) -> None:
         self.store = store

@@ -1,8 +1,9 @@
 """The busy-thread policy: what a new run does about the thread's runs still going.
 
-Written once, over `BusyRun`: a run of this process (stopped and awaited in memory) and a
-run on another replica (stopped through a cancel recorded in the shared registry, awaited
-by polling it) look the same to it.
+Written once, over `BusyRun`: a run of this process (`LocalRun`, stopped and awaited in
+memory), a run on another replica and a run left waiting for approval that no process
+holds (`runs.elsewhere`: stopped through the store, awaited by polling it) look the same
+to it.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ async def claim_thread(
     if not busy:
         return None
     policy = request.options.busy_thread_policy
-    if policy is BusyThreadPolicy.REJECT and not all([await run.stopping() for run in busy]):
+    if policy is BusyThreadPolicy.REJECT and not await _all_stopping(busy):
         # Runs already stopping end at their next speaker boundary: the turn after a stop
         # turn waits for them (outside testing: the stop turn had ended, and "继续" got
         # THREAD_BUSY while the stopped run finished its speaker).
@@ -129,6 +130,15 @@ async def claim_thread(
             await run.wait()
 
     return wait
+
+
+async def _all_stopping(busy: Sequence[BusyRun]) -> bool:
+    """Whether every run is stopping already (asked one after another: the first that is
+    not ends the asking, each may read the store)."""
+    for run in busy:
+        if not await run.stopping():
+            return False
+    return True
 
 
 async def until_stopped(waiting: Awaitable[Any], stop: StopSignal) -> None:
