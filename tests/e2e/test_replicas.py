@@ -404,6 +404,7 @@ async def test_continue_after_a_stop_sent_to_another_replica_waits_on_either(
     assert kinds(events)[-1] == "run_cancelled"
     assert kinds(more)[-1] == "run_completed"
     left = events[-1].run_cancelled.steps_left  # of members still in the session (a-d)
+    assert finals(more), "the continue turn spoke"
     assert [f.reply_id for f in finals(more)] == [s.reply_id for s in left if s.member_id < "e"]
 
 

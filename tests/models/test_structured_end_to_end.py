@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,8 +215,11 @@ async def test_a_plan_streamed_at_a_steady_pace_longer_than_its_timeout_is_not_c
             default_model=ref,
             run_id="paced-1",
         )
+        began = time.monotonic()
         events = await collect(stub.StartRun(request))
+        took = time.monotonic() - began
     assert len(pieces) * 0.025 > 0.6, "the plan takes more than twice its timeout"
+    assert took > 0.6, "the plan streamed past its timeout and was not cut"
     created = of_kind(events, "plan_created")[0].plan_created
     assert created.source == epb.PLAN_SOURCE_SUPERVISOR, created.fallback_reason
     assert [f.member_id for f in finals(events)] == ["b"]

@@ -294,8 +294,11 @@ async def test_a_run_left_waiting_stands_in_nobodys_way_once_its_approval_expire
         stop = start_request("停止", run_id="expired-3", thread_id=request.context.thread_id)
         await collect(stub.StartRun(stop))
         ended = await stub.GetRun(pb.GetRunRequest(run_id="expired", tenant="tenant-1"))
+        again = await collect(stub.StartRun(request))
     assert kinds(events)[-1] == "run_completed"
     assert ended.run.status == pb.RUN_STATUS_CANCELLED
+    (final,) = finals(last_execution(again))
+    assert [t.outcome for t in final.tool_calls] == [epb.TOOL_CALL_OUTCOME_DENIED]
     assert mcp.counts("note") == {}
 
 
@@ -348,6 +351,7 @@ async def test_a_run_left_waiting_sent_again_goes_before_a_turn_queued_behind_it
     assert mcp.counts("note") == {sent_key("first", asked.permission_request_id): 1}
     # The queued turn spoke only once the first had ended.
     first_end = first[-1].emitted_at.ToNanoseconds()
+    assert of_kind(queued, "speaker_started")
     assert all(
         e.emitted_at.ToNanoseconds() >= first_end for e in of_kind(queued, "speaker_started")
     )

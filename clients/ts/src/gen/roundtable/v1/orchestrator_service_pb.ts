@@ -571,8 +571,9 @@ export const DisconnectPolicySchema: GenEnum<DisconnectPolicy> = /*@__PURE__*/
  * thread is live, on this replica or on another one sharing the store (a run
  * another replica holds a live lease on), or waits for approval (also one
  * whose server stopped, until its first call expires: it waits for its
- * StartRun again). A stop turn always cancels the live run, whatever the
- * policy.
+ * StartRun again, and that StartRun goes before the turns queued behind it).
+ * A stop turn always cancels the live run, whatever the policy, and a run
+ * left waiting by a stopped server even past its expiry.
  *
  * @generated from enum roundtable.v1.BusyThreadPolicy
  */
